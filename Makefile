@@ -1,0 +1,38 @@
+# flagtrial: `make demo` runs the seed story on a local llama-server; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+CACHE ?= $(HOME)/.cache/flagtrial
+LLAMA_SERVER := $(CACHE)/llama-server-0.3.36/llama-server
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint system-deps llama-server clean
+
+system-deps:
+	scripts/install-system-deps.sh
+
+$(STAMP): pyproject.toml
+	$(MAKE) system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+$(LLAMA_SERVER):
+	$(MAKE) system-deps
+	PYTHON=$(VENV)/bin/python scripts/build-llama-server.sh
+
+llama-server: $(STAMP) $(LLAMA_SERVER)
+
+demo: $(STAMP) $(LLAMA_SERVER)
+	$(VENV)/bin/flagtrial demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+test: $(STAMP) $(LLAMA_SERVER)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/pytest -q -rs
+
+clean:
+	rm -rf $(VENV) .flagtrial-demo

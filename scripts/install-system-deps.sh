@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Debian packages flagtrial's build and tests need; installs only what is missing.
+set -euo pipefail
+need=()
+for pkg in python3 python3-venv python3-dev cmake g++ make git libgomp1 curl iproute2; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing Debian packages: ${need[*]} (run as root: apt-get install -y ${need[*]})" >&2
+  exit 1
+fi
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -1,0 +1,1 @@
+"""flagtrial: trial a launch-flag change on an LLM inference server."""

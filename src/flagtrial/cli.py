@@ -1,0 +1,244 @@
+"""Command-line face: parse, call, render. Exit codes are documented in the README."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+import shutil
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from flagtrial import ui
+from flagtrial.engines import make_engine
+from flagtrial.errors import FlagtrialError
+from flagtrial.launch.change import Change, apply_change
+from flagtrial.ledger import Ledger
+from flagtrial.settings import PROJECT_FILE, Project, load_project
+from flagtrial.targets import make_target
+from flagtrial.targets.process import ProcessTarget
+from flagtrial.trial import Session, Trial
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Trial a launch-flag change on an LLM server: preflight, deploy, measure, "
+                       "decide, roll back.")
+
+EXIT_VERDICT = {"KEEP": 0, "REVERT": 10, "INCONCLUSIVE": 11}
+EXIT_INTERRUPTED = 130
+
+T = TypeVar("T")
+
+ProjectOpt = Annotated[Path, typer.Option("--project", "-p", help="the project file")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+AddOpt = Annotated[list[str] | None, typer.Option("--add", help="add a flag: '--cont-batching', '-np=4'")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="set a flag's value: '--parallel=4'")]
+RemoveOpt = Annotated[list[str] | None, typer.Option("--remove", help="remove a flag: '--mlock'")]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="set an environment variable: K=V")]
+UnsetEnvOpt = Annotated[list[str] | None, typer.Option("--unset-env", help="unset an environment variable")]
+
+
+def run(body: Callable[[], Awaitable[T]]) -> T:
+    """Run a command body; a FlagtrialError becomes one line on stderr and its exit code."""
+    try:
+        return asyncio.run(body())
+    except FlagtrialError as e:
+        ui.err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        ui.err_console.print("interrupted")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+def open_session(project_path: Path) -> tuple[Project, Session]:
+    project = load_project(project_path)
+    session = Session(project, make_target(project), make_engine(project.engine),
+                      Ledger(project.ledger_path), ui.notify)
+    return project, session
+
+
+def make_change(add: list[str] | None, set_: list[str] | None, remove: list[str] | None,
+                env: list[str] | None, unset_env: list[str] | None) -> Change:
+    change = Change.from_cli(add=add or [], set_=set_ or [], remove=remove or [], env=env or [],
+                             unset_env=unset_env or [])
+    if not change.edits:
+        raise typer.BadParameter("give at least one of --add, --set, --remove, --env, --unset-env")
+    return change
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@app.command()
+def trial(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None, env: EnvOpt = None,
+          unset_env: UnsetEnvOpt = None, project: ProjectOpt = Path(PROJECT_FILE),
+          json_out: JsonOpt = False) -> None:
+    """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
+    decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
+    change = make_change(add, set_, remove, env, unset_env)
+
+    async def body() -> int:
+        _, session = open_session(project)
+        async with session.target.lock("flagtrial trial"):
+            outcome = await Trial(session, change).run()
+        if json_out:
+            emit_json(outcome.model_dump())
+        else:
+            ui.show_outcome(outcome)
+        return EXIT_VERDICT[outcome.verdict.decision]
+
+    raise typer.Exit(run(body))
+
+
+@app.command()
+def preflight(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None,
+              env: EnvOpt = None, unset_env: UnsetEnvOpt = None,
+              project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+    """Validate a change against the engine's own flags and show the candidate spec; deploys nothing."""
+    change = make_change(add, set_, remove, env, unset_env)
+
+    async def body() -> None:
+        _, session = open_session(project)
+        spec = await session.target.read_spec()
+        schema = await session.engine.flag_schema(session.target, spec.argv)
+        candidate = apply_change(spec, change, schema)
+        for line in change.describe().splitlines():
+            ui.console.print(f"  {line}")
+        diff = difflib.unified_diff(spec.text.splitlines(keepends=True),
+                                    candidate.text.splitlines(keepends=True),
+                                    "known-good", "candidate")
+        ui.console.print("".join(diff), markup=False)
+        ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
+
+    run(body)
+
+
+@app.command()
+def rollback(to: Annotated[int | None, typer.Option("--to", help="generation to restore")] = None,
+             project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+    """Restore the last known-good generation (or --to GEN), restart, verify its facts."""
+
+    async def body() -> None:
+        _, session = open_session(project)
+        async with session.target.lock("flagtrial rollback"):
+            gen = (session.ledger.generation(to) if to is not None
+                   else session.ledger.last_known_good(session.target.name))
+            if gen is None:
+                raise FlagtrialError("the ledger has no known-good generation for this target")
+            if gen.target != session.target.name:
+                raise FlagtrialError(f"generation {gen.id} belongs to {gen.target}")
+            restore = await session.restore(gen)
+            if restore.verified or gen.facts is None:
+                session.ledger.mark_known_good(gen.id, restore.facts.model_dump())
+        ui.console.print(ui.restore_line(restore) if gen.facts else
+                         f"restored generation {gen.id} (no recorded facts to verify against)")
+        if gen.facts and not restore.verified:
+            raise typer.Exit(9)
+
+    run(body)
+
+
+@app.command()
+def facts(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
+    """Read what the running server reports about itself, next to the known-good."""
+
+    async def body() -> None:
+        _, session = open_session(project)
+        good, _, known = await session.known_good()
+        if json_out:
+            emit_json({"generation": good.id, "facts": known.model_dump()})
+            return
+        ui.console.print(ui.facts_table(known, title=f"facts of generation {good.id}"))
+        for key, value in known.settings.items():
+            ui.console.print(f"  {key} = {value!r}")
+
+    run(body)
+
+
+@app.command()
+def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
+    """Every generation and trial in the ledger."""
+    proj = load_project(project)
+    ledger = Ledger(proj.ledger_path)
+    trials, gens = ledger.trials(), ledger.generations()
+    if json_out:
+        emit_json({"generations": [g.model_dump() for g in gens],
+                   "trials": [t.model_dump() for t in trials]})
+        return
+    current = {g.target: ledger.last_known_good(g.target) for g in gens}
+    ids = {g.id for g in current.values() if g}
+    ui.console.print(ui.generations_table(gens, next(iter(ids), None) if len(ids) == 1 else None))
+    ui.console.print(ui.history_table(trials, gens))
+
+
+@app.command()
+def show(trial_id: int, project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
+    """The whole story of one trial: change, facts, runs, verdict, timeline."""
+    proj = load_project(project)
+    ledger = Ledger(proj.ledger_path)
+    row = ledger.trial(trial_id)
+    runs = ledger.runs(trial_id)
+    events = ledger.events(trial_id)
+    if json_out:
+        emit_json({"trial": row.model_dump(), "runs": runs, "events": [e.model_dump() for e in events]})
+        return
+    ui.console.print(f"[bold]trial {row.id}[/bold] on {row.target}: generation {row.baseline_gen} -> "
+                     f"{row.candidate_gen}, verdict [bold]{row.verdict or '-'}[/bold], state {row.state}")
+    for edit in row.change.get("edits", []):
+        ui.console.print(f"  {ui._edit(edit)}")
+    for reason in row.reasons:
+        ui.console.print(f"  - {reason}")
+    ui.console.print(ui.timeline(events))
+
+
+@app.command()
+def demo(workdir: Annotated[Path, typer.Option("--dir", help="where the demo's files go")] = Path(
+             ".flagtrial-demo"),
+         port: Annotated[int, typer.Option(help="port for the demo server (default: a free one)")] = 0,
+         ) -> None:
+    """Replay the seed story on a local llama-server: a change that silently halves serving
+    capacity with no throughput gain is found from the server's own facts, reverted and verified."""
+    from flagtrial.demo import DEMO_CHANGE, default_llama_server, prepare, free_port
+
+    if not default_llama_server().exists():
+        ui.err_console.print(f"[red]error:[/red] llama-server not built at {default_llama_server()} "
+                             "(run `make demo`, which builds it)")
+        raise typer.Exit(5)
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    project_path = prepare(workdir, port or free_port())
+
+    async def body() -> int:
+        _, session = open_session(project_path)
+        target = session.target
+        assert isinstance(target, ProcessTarget)
+        try:
+            async with target.lock("flagtrial demo"):
+                good, _, known = await session.known_good()
+                ui.console.print(ui.facts_table(known, title=f"known-good generation {good.id}"))
+                ui.console.print("candidate change:")
+                for line in DEMO_CHANGE.describe().splitlines():
+                    ui.console.print(f"  {line}")
+                outcome = await Trial(session, DEMO_CHANGE).run()
+                ui.show_outcome(outcome)
+        finally:
+            await target.stop()
+        ui.console.print(f"ledger: {session.project.ledger_path}  (try: flagtrial history -p "
+                         f"{project_path}; flagtrial show {outcome.trial_id} -p {project_path})")
+        return EXIT_VERDICT[outcome.verdict.decision]
+
+    verdict = run(body)
+    # The demo succeeds when flagtrial reached the right answer: REVERT.
+    raise typer.Exit(0 if verdict == EXIT_VERDICT["REVERT"] else 1)
+
+
+def main() -> None:
+    try:
+        app()
+    except FlagtrialError as e:
+        ui.err_console.print(f"[red]error:[/red] {e}")
+        sys.exit(e.exit_code)

@@ -1,0 +1,99 @@
+"""Engine `llamacpp`: llama.cpp's llama-server.
+
+Facts: `/props` (total_slots, per-slot n_ctx, build_info), `/v1/models` (meta.n_ctx: the KV
+cells of the whole context) and the startup log line
+`load_model: initializing, n_slots = 8, n_ctx_slot = 1024, kv_unified = 'false'`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from flagtrial.facts import Facts, Scalar
+from flagtrial.launch.schema import FlagSchema
+from flagtrial.targets.base import Target
+from flagtrial.engines.schema_cache import help_schema
+
+SLOTS_LINE = re.compile(
+    r"n_slots = (?P<n_slots>\d+), n_ctx_slot = (?P<n_ctx_slot>\d+), kv_unified = '(?P<kv_unified>\w+)'"
+)
+AUTO_LINE = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified = (\w+)")
+THREADS_LINE = re.compile(r"threadpool init, n_threads = (\d+)")
+# llama.cpp's log marks errors with level "E" (`0.00.003.244 E srv  start: couldn't bind ...`);
+# argument errors are printed bare (`error: invalid argument: --bogus`).
+CRASH_LINES = re.compile(r"^\s*[\d.]+ E |^error: ")
+
+# Which resolved settings a flag sets directly; anything else that changes is implicit.
+FLAG_SETTINGS: dict[str, set[str]] = {
+    "--parallel": {"n_slots"},
+    "--ctx-size": {"n_ctx_slot", "n_ctx"},
+    "--kv-unified": {"kv_unified"},
+    "--threads": {"n_threads"},
+    "--model": {"model_path", "model_ftype", "n_ctx_train"},
+    "--alias": {"model_alias"},
+}
+
+
+def _bool(text: str) -> bool:
+    return text.lower() in ("true", "1")
+
+
+def parse_startup_log(log: str) -> tuple[dict[str, Scalar], list[str]]:
+    settings: dict[str, Scalar] = {}
+    lines: list[str] = []
+    for line in log.splitlines():
+        if m := SLOTS_LINE.search(line):
+            settings.update(n_slots=int(m["n_slots"]), n_ctx_slot=int(m["n_ctx_slot"]),
+                            kv_unified=_bool(m["kv_unified"]))
+            lines.append(line.strip())
+        elif m := AUTO_LINE.search(line):
+            settings["n_parallel_auto"] = True
+            lines.append(line.strip())
+        elif m := THREADS_LINE.search(line):
+            settings["n_threads"] = int(m[1])
+    return settings, lines
+
+
+class LlamaCppEngine:
+    name = "llamacpp"
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        # /health is 503 while the model loads, 200 {"status":"ok"} once slots serve.
+        return (await client.get(f"{base_url}/health")).status_code == 200
+
+    async def facts(self, client: httpx.AsyncClient, base_url: str, startup_log: str) -> Facts:
+        props = (await client.get(f"{base_url}/props")).raise_for_status().json()
+        models = (await client.get(f"{base_url}/v1/models")).raise_for_status().json()
+        meta = (models.get("data") or [{}])[0].get("meta", {})
+        settings, lines = parse_startup_log(startup_log)
+        settings.update(
+            n_ctx=meta.get("n_ctx"),
+            n_ctx_train=meta.get("n_ctx_train"),
+            model_path=props.get("model_path"),
+            model_ftype=props.get("model_ftype"),
+        )
+        capacity = {
+            "concurrent_requests": float(props["total_slots"]),
+            "context_per_request": float(props["default_generation_settings"]["n_ctx"]),
+        }
+        sources = {
+            "concurrent_requests": "GET /props total_slots",
+            "context_per_request": "GET /props default_generation_settings.n_ctx",
+        }
+        if meta.get("n_ctx"):
+            capacity["kv_tokens"] = float(meta["n_ctx"])
+            sources["kv_tokens"] = "GET /v1/models data[0].meta.n_ctx"
+        return Facts(engine=self.name, version=props.get("build_info"), capacity=capacity,
+                     settings=settings, sources=sources, log_lines=lines)
+
+    def crash_reason(self, log: str) -> str | None:
+        hits = [line.strip() for line in log.splitlines() if CRASH_LINES.search(line)]
+        return hits[0] if hits else None
+
+    def settings_for_flag(self, canonical_flag: str) -> set[str]:
+        return FLAG_SETTINGS.get(canonical_flag, set())
+
+    async def flag_schema(self, target: Target, argv: list[str]) -> FlagSchema:
+        return await help_schema(target, self.name, argv[:1])

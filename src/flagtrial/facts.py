@@ -1,0 +1,81 @@
+"""Facts: what a running server reports about itself, and the diff against the known-good."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+Scalar = str | int | float | bool | None
+
+# Capacity facts, the names every engine adapter reports where it can.
+CAPACITY_LABELS = {
+    "concurrent_requests": "concurrent requests",
+    "context_per_request": "context per request",
+    "kv_tokens": "KV cache tokens",
+}
+
+
+class Facts(BaseModel):
+    """Facts come from the server (its endpoints and its startup log), never from the flags."""
+
+    engine: str
+    version: str | None = None
+    capacity: dict[str, float] = Field(default_factory=dict)
+    settings: dict[str, Scalar] = Field(default_factory=dict)
+    sources: dict[str, str] = Field(default_factory=dict)
+    log_lines: list[str] = Field(default_factory=list)
+
+
+class CapacityChange(BaseModel):
+    name: str
+    before: float
+    after: float
+
+    @property
+    def pct(self) -> float:
+        return 0.0 if self.before == 0 else (self.after - self.before) / self.before * 100.0
+
+    def describe(self) -> str:
+        label = CAPACITY_LABELS.get(self.name, self.name)
+        return f"{label} {self.before:g} -> {self.after:g} ({self.pct:+.1f} %)"
+
+
+class SettingChange(BaseModel):
+    name: str
+    before: Scalar
+    after: Scalar
+    named_by_change: bool
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.before!r} -> {self.after!r}"
+
+
+class FactsDiff(BaseModel):
+    capacity: list[CapacityChange]
+    implicit: list[SettingChange]
+    explicit: list[SettingChange]
+
+    def worst_capacity_loss(self) -> CapacityChange | None:
+        losses = [c for c in self.capacity if c.pct < 0]
+        return min(losses, key=lambda c: c.pct) if losses else None
+
+    def capacity_matches(self) -> bool:
+        return all(c.pct == 0 for c in self.capacity)
+
+
+def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDiff:
+    """Capacity change for every capacity fact both sides report; settings split by whether the
+    change named them (explicit) or the server changed them on its own (implicit)."""
+    capacity = [
+        CapacityChange(name=k, before=before.capacity[k], after=after.capacity[k])
+        for k in before.capacity
+        if k in after.capacity
+    ]
+    implicit: list[SettingChange] = []
+    explicit: list[SettingChange] = []
+    for key in sorted(set(before.settings) | set(after.settings)):
+        old, new = before.settings.get(key), after.settings.get(key)
+        if old == new:
+            continue
+        change = SettingChange(name=key, before=old, after=new, named_by_change=key in named_settings)
+        (explicit if change.named_by_change else implicit).append(change)
+    return FactsDiff(capacity=capacity, implicit=implicit, explicit=explicit)

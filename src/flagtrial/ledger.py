@@ -1,0 +1,270 @@
+"""The ledger: every generation of a launch spec and every trial, in SQLite (WAL, one transaction a step)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from flagtrial.errors import LedgerError
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS generations (
+  id INTEGER PRIMARY KEY,
+  target TEXT NOT NULL,
+  spec_text TEXT NOT NULL,
+  spec_sha256 TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  known_good INTEGER NOT NULL DEFAULT 0,
+  good_at REAL,
+  facts_json TEXT,
+  note TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS trials (
+  id INTEGER PRIMARY KEY,
+  target TEXT NOT NULL,
+  change_json TEXT NOT NULL,
+  baseline_gen INTEGER NOT NULL REFERENCES generations(id),
+  candidate_gen INTEGER REFERENCES generations(id),
+  state TEXT NOT NULL,
+  verdict TEXT,
+  reasons_json TEXT NOT NULL DEFAULT '[]',
+  record_json TEXT NOT NULL DEFAULT '{}',
+  started_at REAL NOT NULL,
+  finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY,
+  trial_id INTEGER NOT NULL REFERENCES trials(id),
+  at REAL NOT NULL,
+  state TEXT NOT NULL,
+  detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS runs (
+  id INTEGER PRIMARY KEY,
+  trial_id INTEGER NOT NULL REFERENCES trials(id),
+  arm TEXT NOT NULL,
+  concurrency INTEGER NOT NULL,
+  run_index INTEGER NOT NULL,
+  summary_json TEXT NOT NULL,
+  at REAL NOT NULL
+);
+"""
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Generation(BaseModel):
+    id: int
+    target: str
+    spec_text: str
+    spec_sha256: str
+    created_at: float
+    known_good: bool
+    facts: dict[str, Any] | None
+    note: str
+
+
+class TrialRow(BaseModel):
+    id: int
+    target: str
+    change: dict[str, Any]
+    baseline_gen: int
+    candidate_gen: int | None
+    state: str
+    verdict: str | None
+    reasons: list[str]
+    record: dict[str, Any]
+    started_at: float
+    finished_at: float | None
+
+
+class Event(BaseModel):
+    at: float
+    state: str
+    detail: str
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            raise LedgerError(f"ledger {path}: {e}") from e
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger {self.path} has schema {version}, newer than this flagtrial ({SCHEMA_VERSION})"
+            )
+        if version < 1:
+            with self.tx() as db:
+                db.executescript(SCHEMA)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise LedgerError(f"ledger {self.path}: {e}") from e
+
+    def close(self) -> None:
+        self.db.close()
+
+    # generations
+
+    def record_generation(self, target: str, spec_text: str, note: str = "") -> Generation:
+        """The generation holding exactly this text for this target, created when new."""
+        digest = sha256(spec_text)
+        row = self.db.execute(
+            "SELECT * FROM generations WHERE target=? AND spec_sha256=? ORDER BY id DESC LIMIT 1",
+            (target, digest),
+        ).fetchone()
+        if row is None:
+            with self.tx() as db:
+                cur = db.execute(
+                    "INSERT INTO generations (target, spec_text, spec_sha256, created_at, note) "
+                    "VALUES (?,?,?,?,?)",
+                    (target, spec_text, digest, time.time(), note),
+                )
+            return self.generation(int(cur.lastrowid or 0))
+        return self._generation(row)
+
+    def mark_known_good(self, gen_id: int, facts: dict[str, Any]) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE generations SET known_good=1, good_at=?, facts_json=? WHERE id=?",
+                (time.time(), json.dumps(facts), gen_id),
+            )
+
+    def generation(self, gen_id: int) -> Generation:
+        row = self.db.execute("SELECT * FROM generations WHERE id=?", (gen_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"no generation {gen_id} in {self.path}")
+        return self._generation(row)
+
+    def last_known_good(self, target: str) -> Generation | None:
+        """The generation most recently confirmed good (by a baseline, a KEEP or a rollback)."""
+        row = self.db.execute(
+            "SELECT * FROM generations WHERE target=? AND known_good=1 "
+            "ORDER BY good_at DESC, id DESC LIMIT 1",
+            (target,),
+        ).fetchone()
+        return self._generation(row) if row else None
+
+    def generations(self, target: str | None = None) -> list[Generation]:
+        rows = self.db.execute(
+            "SELECT * FROM generations WHERE (? IS NULL OR target=?) ORDER BY id", (target, target)
+        ).fetchall()
+        return [self._generation(r) for r in rows]
+
+    @staticmethod
+    def _generation(row: sqlite3.Row) -> Generation:
+        return Generation(
+            id=row["id"], target=row["target"], spec_text=row["spec_text"],
+            spec_sha256=row["spec_sha256"], created_at=row["created_at"],
+            known_good=bool(row["known_good"]),
+            facts=json.loads(row["facts_json"]) if row["facts_json"] else None, note=row["note"],
+        )
+
+    # trials
+
+    def start_trial(self, target: str, change: dict[str, Any], baseline_gen: int) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO trials (target, change_json, baseline_gen, state, started_at) "
+                "VALUES (?,?,?,?,?)",
+                (target, json.dumps(change), baseline_gen, "planned", time.time()),
+            )
+            trial_id = int(cur.lastrowid or 0)
+            db.execute(
+                "INSERT INTO events (trial_id, at, state, detail) VALUES (?,?,?,?)",
+                (trial_id, time.time(), "planned", ""),
+            )
+        return trial_id
+
+    def step(self, trial_id: int, state: str, detail: str = "", **fields: Any) -> None:
+        """Journal one step: the trial's state and any of its columns, plus a timeline event."""
+        columns = {"state": state}
+        for key, value in fields.items():
+            columns[key] = json.dumps(value) if key.endswith("_json") else value
+        assignments = ", ".join(f"{k}=?" for k in columns)
+        with self.tx() as db:
+            db.execute(f"UPDATE trials SET {assignments} WHERE id=?", (*columns.values(), trial_id))
+            db.execute(
+                "INSERT INTO events (trial_id, at, state, detail) VALUES (?,?,?,?)",
+                (trial_id, time.time(), state, detail),
+            )
+
+    def add_run(self, trial_id: int, arm: str, concurrency: int, run_index: int,
+                summary: dict[str, Any]) -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at) "
+                "VALUES (?,?,?,?,?,?)",
+                (trial_id, arm, concurrency, run_index, json.dumps(summary), time.time()),
+            )
+
+    def trial(self, trial_id: int) -> TrialRow:
+        row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"no trial {trial_id} in {self.path}")
+        return self._trial(row)
+
+    def trials(self, target: str | None = None) -> list[TrialRow]:
+        rows = self.db.execute(
+            "SELECT * FROM trials WHERE (? IS NULL OR target=?) ORDER BY id", (target, target)
+        ).fetchall()
+        return [self._trial(r) for r in rows]
+
+    def events(self, trial_id: int) -> list[Event]:
+        rows = self.db.execute(
+            "SELECT at, state, detail FROM events WHERE trial_id=? ORDER BY id", (trial_id,)
+        ).fetchall()
+        return [Event(at=r["at"], state=r["state"], detail=r["detail"]) for r in rows]
+
+    def runs(self, trial_id: int) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT arm, concurrency, run_index, summary_json FROM runs WHERE trial_id=? ORDER BY id",
+            (trial_id,),
+        ).fetchall()
+        return [
+            {"arm": r["arm"], "concurrency": r["concurrency"], "run_index": r["run_index"],
+             "summary": json.loads(r["summary_json"])}
+            for r in rows
+        ]
+
+    @staticmethod
+    def _trial(row: sqlite3.Row) -> TrialRow:
+        return TrialRow(
+            id=row["id"], target=row["target"], change=json.loads(row["change_json"]),
+            baseline_gen=row["baseline_gen"], candidate_gen=row["candidate_gen"],
+            state=row["state"], verdict=row["verdict"], reasons=json.loads(row["reasons_json"]),
+            record=json.loads(row["record_json"]), started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )

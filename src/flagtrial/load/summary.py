@@ -1,0 +1,75 @@
+"""Aggregate one run's request records into the numbers a trial compares."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+from flagtrial.load.client import RequestRecord
+
+
+class RunSummary(BaseModel):
+    """One run at one concurrency level. Times in seconds, rates per second.
+
+    Failed requests count in n_requests, n_errors and error_rate, and their time counts in
+    duration_s, but throughput (output_tokens, output_tok_s, request_rate) and the latency
+    percentiles use successful requests only: a failure is never a fast request.
+    Percentiles are None when no successful request gave that measure.
+    """
+
+    concurrency: int
+    n_requests: int
+    n_ok: int
+    n_errors: int
+    error_rate: float
+    duration_s: float  # first start to last end over all measured requests
+    output_tokens: int
+    output_tok_s: float
+    request_rate: float  # successful requests per second
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    itl_p50: float | None
+    itl_p90: float | None
+    itl_p99: float | None
+    e2e_p50: float | None
+    errors: dict[str, int]  # error message -> count
+
+
+def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
+    if not values:
+        return [None for _ in qs]
+    return [float(v) for v in np.percentile(values, qs, method="linear")]
+
+
+def summarize(records: Sequence[RequestRecord], concurrency: int) -> RunSummary:
+    """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
+    ok = [r for r in records if r.ok]
+    n_errors = len(records) - len(ok)
+    duration = max(r.end for r in records) - min(r.start for r in records) if records else 0.0
+    output_tokens = sum(r.output_tokens for r in ok)
+    ttft = _percentiles([r.ttft_s for r in ok if r.ttft_s is not None], (50, 90, 99))
+    itl = _percentiles([gap for r in ok for gap in r.itl_s], (50, 90, 99))
+    (e2e_p50,) = _percentiles([r.end - r.start for r in ok], (50,))
+    return RunSummary(
+        concurrency=concurrency,
+        n_requests=len(records),
+        n_ok=len(ok),
+        n_errors=n_errors,
+        error_rate=n_errors / len(records) if records else 0.0,
+        duration_s=duration,
+        output_tokens=output_tokens,
+        output_tok_s=output_tokens / duration if duration > 0 else 0.0,
+        request_rate=len(ok) / duration if duration > 0 else 0.0,
+        ttft_p50=ttft[0],
+        ttft_p90=ttft[1],
+        ttft_p99=ttft[2],
+        itl_p50=itl[0],
+        itl_p90=itl[1],
+        itl_p99=itl[2],
+        e2e_p50=e2e_p50,
+        errors=dict(Counter(r.error for r in records if r.error is not None)),
+    )

@@ -1,0 +1,103 @@
+"""The project file, flagtrial.toml: where the server runs, what it is, how to load it, how to judge."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from flagtrial.errors import ProjectError
+from flagtrial.load.workload import Workload
+
+PROJECT_FILE = "flagtrial.toml"
+
+
+class Policy(BaseModel):
+    """How a verdict is reached. Percentages are relative changes candidate vs known-good."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    primary_metric: Literal["output_tok_s", "request_rate"] = Field(
+        "output_tok_s", description="the objective: higher is better"
+    )
+    primary_concurrency: int | None = Field(
+        None, description="concurrency level the objective is read at (default: the highest)"
+    )
+    improvement_margin_pct: float = Field(
+        2.0, gt=0, description="a gain counts only when its whole interval lies beyond this"
+    )
+    harm_margin_pct: float = Field(
+        2.0, gt=0, description="a loss counts as harm when its whole interval lies beyond this"
+    )
+    capacity_loss_max_pct: float = Field(
+        5.0, ge=0, description="guardrail: capacity may not fall by more than this"
+    )
+    capacity_guard: Literal["report", "revert"] = Field(
+        "report", description="'revert' reverts on a capacity loss before any load is spent"
+    )
+    ttft_p99_worse_max_pct: float = Field(
+        25.0, ge=0, description="guardrail: p99 TTFT may not grow by more than this"
+    )
+    error_rate_max: float = Field(
+        0.0, ge=0, le=1, description="guardrail: candidate error rate above this reverts"
+    )
+    runs: int = Field(3, ge=2, description="measured runs per concurrency level and arm")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence of the intervals")
+    on_inconclusive: Literal["revert", "keep"] = Field(
+        "revert", description="what happens to the server when the answer is INCONCLUSIVE"
+    )
+
+
+class Project(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(
+        "process", description="'process' (child process here), 'local' (systemd here) or ssh://user@host[:port]"
+    )
+    unit: str = Field(description="the unit file (process target: a local file path) holding the launch spec")
+    engine: Literal["llamacpp", "sglang", "vllm"] = "llamacpp"
+    endpoint: str = Field("http://127.0.0.1:8080", description="base URL of the server's HTTP API")
+    ready_timeout_s: float = Field(120.0, gt=0, description="how long a restart may take to get ready")
+    ledger: str = Field(".flagtrial/ledger.db", description="ledger path, relative to the project file")
+    workload: Workload = Field(default_factory=Workload)
+    policy: Policy = Field(default_factory=Policy)
+
+    # Where the project file lives; relative paths resolve against it.
+    root: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return v.rstrip("/")
+
+    def path(self, relative: str) -> Path:
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else self.root / p
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.path(self.ledger)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.ledger_path.parent
+
+
+def load_project(path: Path) -> Project:
+    """Read and validate flagtrial.toml; every failure is one ProjectError line."""
+    if not path.exists():
+        raise ProjectError(f"no project file at {path} (run `flagtrial init` to write one)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ProjectError(f"{path}: not valid TOML: {e}") from e
+    try:
+        project = Project.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ProjectError(f"{path}: {where}: {first['msg']}") from e
+    project.root = path.resolve().parent
+    return project

@@ -1,0 +1,213 @@
+"""Target `process`: the launch spec runs as a detached child process on this machine (no root).
+
+The server outlives the flagtrial command that started it, so its PID, start time and log are
+kept in a state folder; a PID is trusted only when /proc still shows the same start time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from flagtrial.errors import LockHeldError, SpecError, TargetError
+from flagtrial.launch.execwords import expand_env
+from flagtrial.launch.spec import LaunchSpec
+from flagtrial.targets.base import HostFacts, ServerState
+from flagtrial.targets.hostfacts import collect_host_facts
+
+STOP_GRACE_S = 10.0
+
+
+def _proc_start_ticks(pid: int) -> int | None:
+    """Start time of a PID in clock ticks since boot; None when it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write next to the target, fsync, rename, fsync the folder: the old text or the new, never partial."""
+    tmp = path.with_name(f".{path.name}.flagtrial-tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        env[key.strip()] = value.strip().strip("\"'")
+    return env
+
+
+class ProcessTarget:
+    def __init__(self, spec_path: Path, state_dir: Path) -> None:
+        self.spec_path = spec_path.resolve()
+        self.state_dir = state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.pid_file = state_dir / "server.json"
+        self.log_path = state_dir / "server.log"
+        self._child: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"process:{self.spec_path}"
+
+    async def read_spec(self) -> LaunchSpec:
+        try:
+            text = self.spec_path.read_text()
+        except FileNotFoundError as e:
+            raise SpecError(f"launch spec {self.spec_path} does not exist") from e
+        kind = "unit" if self.spec_path.suffix in (".service", ".conf") else "command"
+        return LaunchSpec.parse(text, kind)
+
+    async def install_spec(self, spec: LaunchSpec) -> None:
+        try:
+            atomic_write(self.spec_path, spec.text)
+        except OSError as e:
+            raise TargetError(f"cannot install {self.spec_path}: {e.strerror}") from e
+
+    def _recorded(self) -> dict[str, int] | None:
+        try:
+            return json.loads(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _live_pid(self) -> int | None:
+        rec = self._recorded()
+        if rec and _proc_start_ticks(rec["pid"]) == rec["start_ticks"]:
+            return rec["pid"]
+        return None
+
+    async def stop(self) -> None:
+        pid = self._live_pid()
+        if pid is None:
+            return
+        # The server leads its own session: signal the whole group so helpers die with it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self._live_pid() == pid and time.monotonic() < deadline:
+            self._reap()
+            await asyncio.sleep(0.05)
+        if self._live_pid() == pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while self._live_pid() == pid:
+                self._reap()
+                await asyncio.sleep(0.05)
+
+    def _reap(self) -> None:
+        if self._child is not None:
+            self._child.poll()
+
+    def _environment(self, spec: LaunchSpec) -> dict[str, str]:
+        env = dict(os.environ)
+        for entry in spec.environment_files:
+            optional = entry.startswith("-")
+            path = Path(entry.lstrip("-"))
+            if not path.exists():
+                if optional:
+                    continue
+                raise TargetError(f"EnvironmentFile {path} does not exist")
+            env.update(read_env_file(path))
+        env.update(spec.env)
+        return env
+
+    async def restart(self) -> str:
+        spec = await self.read_spec()
+        await self.stop()
+        env = self._environment(spec)
+        argv = expand_env(spec.argv, env)
+        with open(self.log_path, "ab") as log:
+            mark = log.tell()
+            log.write(f"=== flagtrial start {time.strftime('%FT%T')} spec {spec.sha256[:12]}\n".encode())
+            log.flush()
+            try:
+                self._child = subprocess.Popen(
+                    argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, cwd=self.spec_path.parent,
+                )
+            except OSError as e:
+                raise TargetError(f"cannot start {argv[0]}: {e.strerror}") from e
+        ticks = _proc_start_ticks(self._child.pid)
+        self.pid_file.write_text(json.dumps({"pid": self._child.pid, "start_ticks": ticks}))
+        return str(mark)
+
+    async def state(self) -> ServerState:
+        self._reap()
+        pid = self._live_pid()
+        if pid is not None:
+            return ServerState(status="running", pid=pid)
+        code = self._child.returncode if self._child is not None else None
+        if self._recorded() is None:
+            return ServerState(status="stopped")
+        return ServerState(status="failed", exit_code=code, detail="process exited")
+
+    async def logs_since(self, mark: str) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(int(mark))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @contextlib.asynccontextmanager
+    async def lock(self, holder: str) -> AsyncIterator[None]:
+        path = self.state_dir / "trial.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held_by = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                raise LockHeldError(f"{self.name} is locked by {held_by}") from None
+            info = f"{holder} (pid {os.getpid()} on {socket.gethostname()})"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info.encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock, also when we are killed
+
+    async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+            )
+        except OSError as e:
+            return 127, f"{argv[0]}: {e.strerror}"
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return 124, f"{argv[0]}: timed out after {timeout_s:g}s"
+        return proc.returncode or 0, out.decode(errors="replace")
+
+    async def host_facts(self) -> HostFacts:
+        return await collect_host_facts(self.run)

@@ -1,0 +1,132 @@
+"""Terminal rendering: progress lines, facts and effects tables, the verdict panel."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff
+from flagtrial.judge import Effect
+from flagtrial.ledger import Event, Generation, TrialRow
+from flagtrial.trial import Restore, TrialOutcome
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
+
+
+def notify(state: str, detail: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    console.print(f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {detail}")
+
+
+def facts_table(before: Facts, after: Facts | None = None, title: str = "facts") -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("capacity")
+    table.add_column("known-good", justify="right")
+    if after is not None:
+        table.add_column("candidate", justify="right")
+        table.add_column("change", justify="right")
+    table.add_column("source", style="dim")
+    for key, value in before.capacity.items():
+        row = [CAPACITY_LABELS.get(key, key), f"{value:g}"]
+        if after is not None:
+            new = after.capacity.get(key)
+            row += ["-", ""] if new is None else [f"{new:g}", _pct(value, new)]
+        table.add_row(*row, before.sources.get(key, ""))
+    return table
+
+
+def _pct(old: float, new: float) -> str:
+    if old == 0:
+        return ""
+    pct = (new - old) / old * 100
+    colour = "red" if pct < 0 else "green" if pct > 0 else "dim"
+    return f"[{colour}]{pct:+.1f} %[/{colour}]"
+
+
+def diff_lines(diff: FactsDiff) -> list[str]:
+    return [f"implicit: {c.describe()}" for c in diff.implicit] + [
+        f"named: {c.describe()}" for c in diff.explicit
+    ]
+
+
+def effects_table(effects: list[Effect]) -> Table:
+    table = Table(title="measured effect (candidate vs known-good, geometric means of runs)",
+                  title_justify="left")
+    for col in ("metric", "c", "known-good", "candidate", "change", "interval", "runs"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for e in effects:
+        table.add_row(e.label, str(e.concurrency), f"{e.baseline:.4g}", f"{e.candidate:.4g}",
+                      f"{e.pct:+.1f} %", f"{e.lo_pct:+.1f} .. {e.hi_pct:+.1f} %",
+                      f"{e.runs_baseline}+{e.runs_candidate}")
+    return table
+
+
+def restore_line(restore: Restore) -> str:
+    if restore.verified:
+        caps = ", ".join(f"{CAPACITY_LABELS.get(k, k)} {v:g}" for k, v in restore.facts.capacity.items())
+        return f"[green]restored generation {restore.generation}, verified[/green]: {caps}"
+    return (f"[red]restored generation {restore.generation}, NOT verified[/red]: "
+            + "; ".join(restore.mismatches))
+
+
+def show_outcome(outcome: TrialOutcome) -> None:
+    v = outcome.verdict
+    if outcome.facts_after is not None:
+        console.print(facts_table(outcome.facts_before, outcome.facts_after))
+    if outcome.diff is not None:
+        for line in diff_lines(outcome.diff):
+            console.print(f"  {line}")
+    if v.effects:
+        console.print(effects_table(v.effects))
+    body = "\n".join(f"- {r}" for r in v.reasons)
+    action = (f"generation {outcome.candidate_gen} kept as known-good" if outcome.outcome == "kept"
+              else f"rolled back to generation {outcome.baseline_gen}")
+    if outcome.restore is not None:
+        body += "\n" + restore_line(outcome.restore)
+    colour = COLOURS[v.decision]
+    console.print(Panel(body, title=f"[bold {colour}]{v.decision}[/] trial {outcome.trial_id}: {action}",
+                        border_style=colour, expand=False))
+
+
+def history_table(trials: list[TrialRow], generations: list[Generation]) -> Table:
+    table = Table(title="trials", title_justify="left")
+    for col in ("trial", "started", "change", "gens", "state", "verdict", "first reason"):
+        table.add_column(col)
+    for t in trials:
+        change = "; ".join(_edit(e) for e in t.change.get("edits", []))
+        table.add_row(str(t.id), time.strftime("%F %T", time.localtime(t.started_at)), change,
+                      f"{t.baseline_gen} -> {t.candidate_gen or '-'}", t.state, t.verdict or "-",
+                      (t.reasons[0] if t.reasons else "")[:80])
+    return table
+
+
+def generations_table(generations: list[Generation], current: int | None) -> Table:
+    table = Table(title="generations", title_justify="left")
+    for col in ("gen", "created", "sha256", "known-good", "note"):
+        table.add_column(col)
+    for g in generations:
+        mark = "yes" + (" (current)" if g.id == current else "") if g.known_good else ""
+        table.add_row(str(g.id), time.strftime("%F %T", time.localtime(g.created_at)),
+                      g.spec_sha256[:12], mark, g.note)
+    return table
+
+
+def _edit(edit: dict[str, str | None]) -> str:
+    value = f" {edit['value']}" if edit.get("value") is not None else ""
+    return f"{edit['op']} {edit['name']}{value}"
+
+
+def timeline(events: list[Event]) -> Table:
+    table = Table(title="timeline", title_justify="left")
+    table.add_column("at")
+    table.add_column("step")
+    table.add_column("detail")
+    for e in events:
+        table.add_row(time.strftime("%T", time.localtime(e.at)), e.state, e.detail)
+    return table

@@ -1,0 +1,100 @@
+"""Shared fixtures: the real llama-server binary, generated GGUF models, a running server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flagtrial.modelgen import generate_model
+
+LLAMA_SERVER_VERSION = "0.3.36"
+
+
+def _llama_server_path() -> Path:
+    explicit = os.environ.get("FLAGTRIAL_LLAMA_SERVER")
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
+    return cache / f"llama-server-{LLAMA_SERVER_VERSION}" / "llama-server"
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    path = _llama_server_path()
+    if not path.exists():
+        # make test builds it first; a missing binary is a set-up failure, not a skip.
+        pytest.fail(f"llama-server not built at {path}: run scripts/build-llama-server.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir: Path) -> Path:
+    return generate_model(models_dir / "tiny.gguf", size="tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def small_model(models_dir: Path) -> Path:
+    return generate_model(models_dir / "small.gguf", size="small", seed=1)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"llama-server at {url} not healthy after {timeout_s}s")
+
+
+@pytest.fixture
+def run_llama_server(llama_server_bin: Path, tmp_path: Path) -> Iterator:
+    """Factory: start a real llama-server with extra args; every server is stopped afterwards."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(model: Path, *args: str) -> str:
+        port = free_port()
+        log = open(tmp_path / f"llama-{port}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [str(llama_server_bin), "-m", str(model), "--host", "127.0.0.1",
+             "--port", str(port), *args],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        return url
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def have(cmd: str) -> bool:
+    return shutil.which(cmd) is not None
