@@ -77,9 +77,18 @@ def run_llama_server(llama_server_bin: Path, tmp_path: Path) -> Iterator:
         port = free_port()
         log = open(tmp_path / f"llama-{port}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [str(llama_server_bin), "-m", str(model), "--host", "127.0.0.1",
-             "--port", str(port), *args],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                str(llama_server_bin),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"

@@ -23,9 +23,12 @@ from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Trial a launch-flag change on an LLM server: preflight, deploy, measure, "
-                       "decide, roll back.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Trial a launch-flag change on an LLM server: preflight, deploy, measure, "
+    "decide, roll back.",
+)
 
 EXIT_VERDICT = {"KEEP": 0, "REVERT": 10, "INCONCLUSIVE": 11}
 EXIT_INTERRUPTED = 130
@@ -34,11 +37,17 @@ T = TypeVar("T")
 
 ProjectOpt = Annotated[Path, typer.Option("--project", "-p", help="the project file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-AddOpt = Annotated[list[str] | None, typer.Option("--add", help="add a flag: '--cont-batching', '-np=4'")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="set a flag's value: '--parallel=4'")]
+AddOpt = Annotated[
+    list[str] | None, typer.Option("--add", help="add a flag: '--cont-batching', '-np=4'")
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="set a flag's value: '--parallel=4'")
+]
 RemoveOpt = Annotated[list[str] | None, typer.Option("--remove", help="remove a flag: '--mlock'")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="set an environment variable: K=V")]
-UnsetEnvOpt = Annotated[list[str] | None, typer.Option("--unset-env", help="unset an environment variable")]
+UnsetEnvOpt = Annotated[
+    list[str] | None, typer.Option("--unset-env", help="unset an environment variable")
+]
 
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
@@ -55,15 +64,30 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
 
 def open_session(project_path: Path) -> tuple[Project, Session]:
     project = load_project(project_path)
-    session = Session(project, make_target(project), make_engine(project.engine),
-                      Ledger(project.ledger_path), ui.notify)
+    session = Session(
+        project,
+        make_target(project),
+        make_engine(project.engine),
+        Ledger(project.ledger_path),
+        ui.notify,
+    )
     return project, session
 
 
-def make_change(add: list[str] | None, set_: list[str] | None, remove: list[str] | None,
-                env: list[str] | None, unset_env: list[str] | None) -> Change:
-    change = Change.from_cli(add=add or [], set_=set_ or [], remove=remove or [], env=env or [],
-                             unset_env=unset_env or [])
+def make_change(
+    add: list[str] | None,
+    set_: list[str] | None,
+    remove: list[str] | None,
+    env: list[str] | None,
+    unset_env: list[str] | None,
+) -> Change:
+    change = Change.from_cli(
+        add=add or [],
+        set_=set_ or [],
+        remove=remove or [],
+        env=env or [],
+        unset_env=unset_env or [],
+    )
     if not change.edits:
         raise typer.BadParameter("give at least one of --add, --set, --remove, --env, --unset-env")
     return change
@@ -73,10 +97,92 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+INIT_TEMPLATE = """\
+# flagtrial project file. Relative paths resolve against this file's folder.
+
+# Where the server runs: "process" (a child process on this machine).
+target = "{target}"
+# The unit file holding the server's launch spec (ExecStart=, Environment=, EnvironmentFile=).
+unit = "{unit}"
+# What the server is: "llamacpp".
+engine = "{engine}"
+# The server's HTTP API.
+endpoint = "{endpoint}"
+# Seconds a restart may take to become ready before it counts as failed (and is rolled back).
+ready_timeout_s = 120
+# The ledger of generations and trials.
+ledger = ".flagtrial/ledger.db"
+
+[workload]
+api = "completions"          # or "chat"
+concurrency = [1, 4, 8]      # closed-loop concurrency levels
+prompt_words = 64            # fixed prompt length (unique per request: no prefix-cache gains)
+max_tokens = 64              # fixed output length (ignore_eos)
+requests_per_run = 16        # per level and run
+warmup_requests = 2          # per level, excluded
+run_timeout_s = 120          # wall bound of one run
+request_timeout_s = 60
+
+[policy]
+primary_metric = "output_tok_s"    # the objective
+# primary_concurrency = 8          # default: the highest level
+improvement_margin_pct = 2.0       # a gain counts when its whole interval is above this
+harm_margin_pct = 2.0              # harm when the whole interval is below minus this
+capacity_loss_max_pct = 5.0        # guardrail on the server's own capacity facts
+capacity_guard = "report"          # "revert": revert on a capacity loss before any load
+ttft_p99_worse_max_pct = 25.0      # guardrail
+error_rate_max = 0.0               # guardrail
+runs = 3                           # runs per level and arm
+confidence = 0.95
+on_inconclusive = "revert"         # or "keep"
+"""
+
+
 @app.command()
-def trial(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None, env: EnvOpt = None,
-          unset_env: UnsetEnvOpt = None, project: ProjectOpt = Path(PROJECT_FILE),
-          json_out: JsonOpt = False) -> None:
+def init(
+    unit: Annotated[str, typer.Option(help="the unit file holding the launch spec")],
+    engine: Annotated[str, typer.Option(help="llamacpp")] = "llamacpp",
+    endpoint: Annotated[str, typer.Option(help="the server's base URL")] = "http://127.0.0.1:8080",
+    target: Annotated[str, typer.Option(help="process")] = "process",
+    project: ProjectOpt = Path(PROJECT_FILE),
+    force: Annotated[bool, typer.Option(help="overwrite an existing project file")] = False,
+) -> None:
+    """Write a commented project file."""
+    if project.exists() and not force:
+        ui.err_console.print(f"[red]error:[/red] {project} exists (use --force to overwrite)")
+        raise typer.Exit(2)
+    project.write_text(
+        INIT_TEMPLATE.format(target=target, unit=unit, engine=engine, endpoint=endpoint)
+    )
+    load_project(project)
+    ui.console.print(f"wrote {project}")
+
+
+@app.command()
+def model(
+    out: Path,
+    size: Annotated[str, typer.Option(help="tiny or small")] = "small",
+    seed: Annotated[int, typer.Option(help="weights seed")] = 0,
+) -> None:
+    """Generate a random-weight llama GGUF model that never emits EOS (no downloads)."""
+    from flagtrial.modelgen import generate_model
+
+    if size not in ("tiny", "small"):
+        raise typer.BadParameter("size must be tiny or small")
+    generate_model(out, size=size, seed=seed)  # type: ignore[arg-type]
+    ui.console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+
+
+@app.command()
+def trial(
+    add: AddOpt = None,
+    set_: SetOpt = None,
+    remove: RemoveOpt = None,
+    env: EnvOpt = None,
+    unset_env: UnsetEnvOpt = None,
+    project: ProjectOpt = Path(PROJECT_FILE),
+    json_out: JsonOpt = False,
+) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
     change = make_change(add, set_, remove, env, unset_env)
@@ -95,10 +201,15 @@ def trial(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None, env
 
 
 @app.command()
-def preflight(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None,
-              env: EnvOpt = None, unset_env: UnsetEnvOpt = None,
-              project: ProjectOpt = Path(PROJECT_FILE)) -> None:
-    """Validate a change against the engine's own flags and show the candidate spec; deploys nothing."""
+def preflight(
+    add: AddOpt = None,
+    set_: SetOpt = None,
+    remove: RemoveOpt = None,
+    env: EnvOpt = None,
+    unset_env: UnsetEnvOpt = None,
+    project: ProjectOpt = Path(PROJECT_FILE),
+) -> None:
+    """Validate a change against the engine's own flags and show the candidate; deploys nothing."""
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> None:
@@ -108,9 +219,12 @@ def preflight(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None,
         candidate = apply_change(spec, change, schema)
         for line in change.describe().splitlines():
             ui.console.print(f"  {line}")
-        diff = difflib.unified_diff(spec.text.splitlines(keepends=True),
-                                    candidate.text.splitlines(keepends=True),
-                                    "known-good", "candidate")
+        diff = difflib.unified_diff(
+            spec.text.splitlines(keepends=True),
+            candidate.text.splitlines(keepends=True),
+            "known-good",
+            "candidate",
+        )
         ui.console.print("".join(diff), markup=False)
         ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
 
@@ -118,15 +232,20 @@ def preflight(add: AddOpt = None, set_: SetOpt = None, remove: RemoveOpt = None,
 
 
 @app.command()
-def rollback(to: Annotated[int | None, typer.Option("--to", help="generation to restore")] = None,
-             project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+def rollback(
+    to: Annotated[int | None, typer.Option("--to", help="generation to restore")] = None,
+    project: ProjectOpt = Path(PROJECT_FILE),
+) -> None:
     """Restore the last known-good generation (or --to GEN), restart, verify its facts."""
 
     async def body() -> None:
         _, session = open_session(project)
         async with session.target.lock("flagtrial rollback"):
-            gen = (session.ledger.generation(to) if to is not None
-                   else session.ledger.last_known_good(session.target.name))
+            gen = (
+                session.ledger.generation(to)
+                if to is not None
+                else session.ledger.last_known_good(session.target.name)
+            )
             if gen is None:
                 raise FlagtrialError("the ledger has no known-good generation for this target")
             if gen.target != session.target.name:
@@ -134,8 +253,11 @@ def rollback(to: Annotated[int | None, typer.Option("--to", help="generation to 
             restore = await session.restore(gen)
             if restore.verified or gen.facts is None:
                 session.ledger.mark_known_good(gen.id, restore.facts.model_dump())
-        ui.console.print(ui.restore_line(restore) if gen.facts else
-                         f"restored generation {gen.id} (no recorded facts to verify against)")
+        ui.console.print(
+            ui.restore_line(restore)
+            if gen.facts
+            else f"restored generation {gen.id} (no recorded facts to verify against)"
+        )
         if gen.facts and not restore.verified:
             raise typer.Exit(9)
 
@@ -166,8 +288,12 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
     ledger = Ledger(proj.ledger_path)
     trials, gens = ledger.trials(), ledger.generations()
     if json_out:
-        emit_json({"generations": [g.model_dump() for g in gens],
-                   "trials": [t.model_dump() for t in trials]})
+        emit_json(
+            {
+                "generations": [g.model_dump() for g in gens],
+                "trials": [t.model_dump() for t in trials],
+            }
+        )
         return
     current = {g.target: ledger.last_known_good(g.target) for g in gens}
     ids = {g.id for g in current.values() if g}
@@ -176,7 +302,9 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
 
 
 @app.command()
-def show(trial_id: int, project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
+def show(
+    trial_id: int, project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False
+) -> None:
     """The whole story of one trial: change, facts, runs, verdict, timeline."""
     proj = load_project(project)
     ledger = Ledger(proj.ledger_path)
@@ -184,10 +312,14 @@ def show(trial_id: int, project: ProjectOpt = Path(PROJECT_FILE), json_out: Json
     runs = ledger.runs(trial_id)
     events = ledger.events(trial_id)
     if json_out:
-        emit_json({"trial": row.model_dump(), "runs": runs, "events": [e.model_dump() for e in events]})
+        emit_json(
+            {"trial": row.model_dump(), "runs": runs, "events": [e.model_dump() for e in events]}
+        )
         return
-    ui.console.print(f"[bold]trial {row.id}[/bold] on {row.target}: generation {row.baseline_gen} -> "
-                     f"{row.candidate_gen}, verdict [bold]{row.verdict or '-'}[/bold], state {row.state}")
+    ui.console.print(
+        f"[bold]trial {row.id}[/bold] on {row.target}: generation {row.baseline_gen} -> "
+        f"{row.candidate_gen}, verdict [bold]{row.verdict or '-'}[/bold], state {row.state}"
+    )
     for edit in row.change.get("edits", []):
         ui.console.print(f"  {ui._edit(edit)}")
     for reason in row.reasons:
@@ -196,17 +328,21 @@ def show(trial_id: int, project: ProjectOpt = Path(PROJECT_FILE), json_out: Json
 
 
 @app.command()
-def demo(workdir: Annotated[Path, typer.Option("--dir", help="where the demo's files go")] = Path(
-             ".flagtrial-demo"),
-         port: Annotated[int, typer.Option(help="port for the demo server (default: a free one)")] = 0,
-         ) -> None:
+def demo(
+    workdir: Annotated[Path, typer.Option("--dir", help="where the demo's files go")] = Path(
+        ".flagtrial-demo"
+    ),
+    port: Annotated[int, typer.Option(help="port for the demo server (default: a free one)")] = 0,
+) -> None:
     """Replay the seed story on a local llama-server: a change that silently halves serving
     capacity with no throughput gain is found from the server's own facts, reverted and verified."""
-    from flagtrial.demo import DEMO_CHANGE, default_llama_server, prepare, free_port
+    from flagtrial.demo import DEMO_CHANGE, default_llama_server, free_port, prepare
 
     if not default_llama_server().exists():
-        ui.err_console.print(f"[red]error:[/red] llama-server not built at {default_llama_server()} "
-                             "(run `make demo`, which builds it)")
+        ui.err_console.print(
+            f"[red]error:[/red] llama-server not built at {default_llama_server()} "
+            "(run `make demo`, which builds it)"
+        )
         raise typer.Exit(5)
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -227,8 +363,10 @@ def demo(workdir: Annotated[Path, typer.Option("--dir", help="where the demo's f
                 ui.show_outcome(outcome)
         finally:
             await target.stop()
-        ui.console.print(f"ledger: {session.project.ledger_path}  (try: flagtrial history -p "
-                         f"{project_path}; flagtrial show {outcome.trial_id} -p {project_path})")
+        ui.console.print(
+            f"ledger: {session.project.ledger_path}  (try: flagtrial history -p "
+            f"{project_path}; flagtrial show {outcome.trial_id} -p {project_path})"
+        )
         return EXIT_VERDICT[outcome.verdict.decision]
 
     verdict = run(body)

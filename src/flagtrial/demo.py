@@ -14,13 +14,15 @@ import socket
 from pathlib import Path
 
 from flagtrial.launch.change import Change, Edit
-from flagtrial.launch.execwords import quote_word
+from flagtrial.launch.execwords import literal_word, quote_word
 from flagtrial.modelgen import generate_model
 
-DEMO_CHANGE = Change(edits=[
-    Edit(op="add", name="--cont-batching", value=None),
-    Edit(op="set", name="--parallel", value="-1"),
-])
+DEMO_CHANGE = Change(
+    edits=[
+        Edit(op="add", name="--cont-batching", value=None),
+        Edit(op="set", name="--parallel", value="-1"),
+    ]
+)
 
 
 def free_port() -> int:
@@ -31,8 +33,9 @@ def free_port() -> int:
 
 def default_llama_server() -> Path:
     cache = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
-    return Path(os.environ.get("FLAGTRIAL_LLAMA_SERVER",
-                               cache / "llama-server-0.3.36" / "llama-server"))
+    return Path(
+        os.environ.get("FLAGTRIAL_LLAMA_SERVER", cache / "llama-server-0.3.36" / "llama-server")
+    )
 
 
 def write_unit(path: Path, server: Path, model: Path, port: int) -> None:
@@ -44,8 +47,8 @@ def write_unit(path: Path, server: Path, model: Path, port: int) -> None:
         "\n"
         "[Service]\n"
         "Environment=LLAMA_LOG_COLORS=off\n"
-        f"ExecStart={quote_word(str(server))} \\\n"
-        f"    --model {quote_word(str(model))} \\\n"
+        f"ExecStart={quote_word(literal_word(str(server)))} \\\n"
+        f"    --model {quote_word(literal_word(str(model)))} \\\n"
         f"    --host 127.0.0.1 --port {port} \\\n"
         "    --threads 1 \\\n"
         "    --ctx-size 8192 \\\n"

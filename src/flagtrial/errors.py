@@ -1,4 +1,4 @@
-"""Typed errors. Each carries the process exit code the CLI returns for it (documented in the README)."""
+"""Typed errors, each with the exit code the CLI returns for it (documented in the README)."""
 
 from __future__ import annotations
 

@@ -76,6 +76,8 @@ def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDi
         old, new = before.settings.get(key), after.settings.get(key)
         if old == new:
             continue
-        change = SettingChange(name=key, before=old, after=new, named_by_change=key in named_settings)
+        change = SettingChange(
+            name=key, before=old, after=new, named_by_change=key in named_settings
+        )
         (explicit if change.named_by_change else implicit).append(change)
     return FactsDiff(capacity=capacity, implicit=implicit, explicit=explicit)

@@ -47,8 +47,10 @@ class Effect(BaseModel):
         return METRICS[self.metric][0]
 
     def describe(self) -> str:
-        return (f"{self.label} at c={self.concurrency}: {self.baseline:.4g} -> {self.candidate:.4g} "
-                f"({self.pct:+.1f} %, {self.lo_pct:+.1f} .. {self.hi_pct:+.1f} %)")
+        return (
+            f"{self.label} at c={self.concurrency}: {self.baseline:.4g} -> {self.candidate:.4g} "
+            f"({self.pct:+.1f} %, {self.lo_pct:+.1f} .. {self.hi_pct:+.1f} %)"
+        )
 
 
 class Verdict(BaseModel):
@@ -57,8 +59,9 @@ class Verdict(BaseModel):
     effects: list[Effect]
 
 
-def relative_change(baseline: list[float], candidate: list[float],
-                    confidence: float) -> tuple[float, float, float]:
+def relative_change(
+    baseline: list[float], candidate: list[float], confidence: float
+) -> tuple[float, float, float]:
     """Relative change in % with its confidence interval (Welch t on log values)."""
     a = np.log(np.asarray(baseline, dtype=float))
     b = np.log(np.asarray(candidate, dtype=float))
@@ -77,8 +80,9 @@ def relative_change(baseline: list[float], candidate: list[float],
     return pct(diff), pct(diff - half), pct(diff + half)
 
 
-def effects(baseline: dict[int, list[RunSummary]], candidate: dict[int, list[RunSummary]],
-            confidence: float) -> list[Effect]:
+def effects(
+    baseline: dict[int, list[RunSummary]], candidate: dict[int, list[RunSummary]], confidence: float
+) -> list[Effect]:
     out = []
     for level in sorted(set(baseline) & set(candidate)):
         for metric in METRICS:
@@ -87,11 +91,19 @@ def effects(baseline: dict[int, list[RunSummary]], candidate: dict[int, list[Run
             if len(a) < 2 or len(b) < 2 or any(v is None or v <= 0 for v in (*a, *b)):
                 continue
             pct, lo, hi = relative_change(a, b, confidence)
-            out.append(Effect(
-                metric=metric, concurrency=level,
-                baseline=float(np.exp(np.mean(np.log(a)))), candidate=float(np.exp(np.mean(np.log(b)))),
-                pct=pct, lo_pct=lo, hi_pct=hi, runs_baseline=len(a), runs_candidate=len(b),
-            ))
+            out.append(
+                Effect(
+                    metric=metric,
+                    concurrency=level,
+                    baseline=float(np.exp(np.mean(np.log(a)))),
+                    candidate=float(np.exp(np.mean(np.log(b)))),
+                    pct=pct,
+                    lo_pct=lo,
+                    hi_pct=hi,
+                    runs_baseline=len(a),
+                    runs_candidate=len(b),
+                )
+            )
     return out
 
 
@@ -99,8 +111,10 @@ def capacity_breach(policy: Policy, diff: FactsDiff) -> str | None:
     """The capacity guardrail, read from the server's own facts."""
     worst = diff.worst_capacity_loss()
     if worst is not None and -worst.pct > policy.capacity_loss_max_pct:
-        return (f"capacity loss: {worst.describe()}, beyond the {policy.capacity_loss_max_pct:g} % "
-                "guardrail")
+        return (
+            f"capacity loss: {worst.describe()}, beyond the {policy.capacity_loss_max_pct:g} % "
+            "guardrail"
+        )
     return None
 
 
@@ -108,8 +122,12 @@ def _find(found: list[Effect], metric: str, level: int) -> Effect | None:
     return next((e for e in found if e.metric == metric and e.concurrency == level), None)
 
 
-def judge(policy: Policy, diff: FactsDiff, baseline: dict[int, list[RunSummary]],
-          candidate: dict[int, list[RunSummary]]) -> Verdict:
+def judge(
+    policy: Policy,
+    diff: FactsDiff,
+    baseline: dict[int, list[RunSummary]],
+    candidate: dict[int, list[RunSummary]],
+) -> Verdict:
     """One primary metric decides gain or harm; capacity, p99 TTFT and errors are guardrails.
 
     "No real gain, but a cost" is a REVERT: a guardrail breach needs a proven gain to be
@@ -131,36 +149,66 @@ def judge(policy: Policy, diff: FactsDiff, baseline: dict[int, list[RunSummary]]
         total = sum(r.n_requests for r in runs)
         rate = errors / total if total else 0.0
         if rate > policy.error_rate_max:
-            costs.append(f"errors at c={lvl}: {errors}/{total} requests failed ({rate:.1%}), "
-                         f"guardrail {policy.error_rate_max:.1%}")
+            costs.append(
+                f"errors at c={lvl}: {errors}/{total} requests failed ({rate:.1%}), "
+                f"guardrail {policy.error_rate_max:.1%}"
+            )
 
     ttft = _find(found, "ttft_p99", level)
     if ttft and ttft.lo_pct > policy.ttft_p99_worse_max_pct:
-        costs.append(f"latency guardrail: {ttft.describe()}, worse than "
-                     f"+{policy.ttft_p99_worse_max_pct:g} %")
+        costs.append(
+            f"latency guardrail: {ttft.describe()}, worse than +{policy.ttft_p99_worse_max_pct:g} %"
+        )
 
     primary = _find(found, policy.primary_metric, level)
     if primary is None:
-        return Verdict(decision="INCONCLUSIVE", effects=found, reasons=[
-            *costs, *reasons, f"no usable {METRICS[policy.primary_metric][0]} runs at c={level}"])
+        return Verdict(
+            decision="INCONCLUSIVE",
+            effects=found,
+            reasons=[
+                *costs,
+                *reasons,
+                f"no usable {METRICS[policy.primary_metric][0]} runs at c={level}",
+            ],
+        )
 
     if primary.hi_pct < -policy.harm_margin_pct:
-        return Verdict(decision="REVERT", effects=found, reasons=[
-            f"harmful: {primary.describe()}, the whole interval below -{policy.harm_margin_pct:g} %",
-            *costs, *reasons])
+        return Verdict(
+            decision="REVERT",
+            effects=found,
+            reasons=[
+                f"harmful: {primary.describe()}, "
+                f"the whole interval below -{policy.harm_margin_pct:g} %",
+                *costs,
+                *reasons,
+            ],
+        )
     gain = primary.lo_pct > policy.improvement_margin_pct
     if costs:
-        why = ("a gain that breaks a guardrail" if gain else "no real gain, but a cost")
-        return Verdict(decision="REVERT", effects=found,
-                       reasons=[f"{why}: {primary.describe()}", *costs, *reasons])
+        why = "a gain that breaks a guardrail" if gain else "no real gain, but a cost"
+        return Verdict(
+            decision="REVERT",
+            effects=found,
+            reasons=[f"{why}: {primary.describe()}", *costs, *reasons],
+        )
     if gain:
-        return Verdict(decision="KEEP", effects=found, reasons=[
-            f"real improvement: {primary.describe()}, the whole interval above "
-            f"+{policy.improvement_margin_pct:g} %", "no guardrail breached", *reasons])
+        return Verdict(
+            decision="KEEP",
+            effects=found,
+            reasons=[
+                f"real improvement: {primary.describe()}, the whole interval above "
+                f"+{policy.improvement_margin_pct:g} %",
+                "no guardrail breached",
+                *reasons,
+            ],
+        )
     margin = policy.improvement_margin_pct
     if -policy.harm_margin_pct < primary.lo_pct and primary.hi_pct < margin:
         what = "no effect beyond the margins"
     else:
         what = "the interval is too wide to tell"
-    return Verdict(decision="INCONCLUSIVE", effects=found,
-                   reasons=[f"{what}: {primary.describe()}", "no guardrail breached", *reasons])
+    return Verdict(
+        decision="INCONCLUSIVE",
+        effects=found,
+        reasons=[f"{what}: {primary.describe()}", "no guardrail breached", *reasons],
+    )

@@ -1,4 +1,4 @@
-"""The ledger: every generation of a launch spec and every trial, in SQLite (WAL, one transaction a step)."""
+"""The ledger: every generation of a launch spec and every trial, in SQLite (WAL mode)."""
 
 from __future__ import annotations
 
@@ -113,12 +113,12 @@ class Ledger:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise LedgerError(
-                f"ledger {self.path} has schema {version}, newer than this flagtrial ({SCHEMA_VERSION})"
+                f"ledger {self.path} has schema {version}, "
+                f"newer than this flagtrial ({SCHEMA_VERSION})"
             )
         if version < 1:
-            with self.tx() as db:
-                db.executescript(SCHEMA)
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # executescript commits on its own, so the whole migration is one script.
+            self.db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -186,10 +186,14 @@ class Ledger:
     @staticmethod
     def _generation(row: sqlite3.Row) -> Generation:
         return Generation(
-            id=row["id"], target=row["target"], spec_text=row["spec_text"],
-            spec_sha256=row["spec_sha256"], created_at=row["created_at"],
+            id=row["id"],
+            target=row["target"],
+            spec_text=row["spec_text"],
+            spec_sha256=row["spec_sha256"],
+            created_at=row["created_at"],
             known_good=bool(row["known_good"]),
-            facts=json.loads(row["facts_json"]) if row["facts_json"] else None, note=row["note"],
+            facts=json.loads(row["facts_json"]) if row["facts_json"] else None,
+            note=row["note"],
         )
 
     # trials
@@ -221,8 +225,9 @@ class Ledger:
                 (trial_id, time.time(), state, detail),
             )
 
-    def add_run(self, trial_id: int, arm: str, concurrency: int, run_index: int,
-                summary: dict[str, Any]) -> None:
+    def add_run(
+        self, trial_id: int, arm: str, concurrency: int, run_index: int, summary: dict[str, Any]
+    ) -> None:
         with self.tx() as db:
             db.execute(
                 "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at) "
@@ -250,21 +255,32 @@ class Ledger:
 
     def runs(self, trial_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute(
-            "SELECT arm, concurrency, run_index, summary_json FROM runs WHERE trial_id=? ORDER BY id",
+            "SELECT arm, concurrency, run_index, summary_json FROM runs "
+            "WHERE trial_id=? ORDER BY id",
             (trial_id,),
         ).fetchall()
         return [
-            {"arm": r["arm"], "concurrency": r["concurrency"], "run_index": r["run_index"],
-             "summary": json.loads(r["summary_json"])}
+            {
+                "arm": r["arm"],
+                "concurrency": r["concurrency"],
+                "run_index": r["run_index"],
+                "summary": json.loads(r["summary_json"]),
+            }
             for r in rows
         ]
 
     @staticmethod
     def _trial(row: sqlite3.Row) -> TrialRow:
         return TrialRow(
-            id=row["id"], target=row["target"], change=json.loads(row["change_json"]),
-            baseline_gen=row["baseline_gen"], candidate_gen=row["candidate_gen"],
-            state=row["state"], verdict=row["verdict"], reasons=json.loads(row["reasons_json"]),
-            record=json.loads(row["record_json"]), started_at=row["started_at"],
+            id=row["id"],
+            target=row["target"],
+            change=json.loads(row["change_json"]),
+            baseline_gen=row["baseline_gen"],
+            candidate_gen=row["candidate_gen"],
+            state=row["state"],
+            verdict=row["verdict"],
+            reasons=json.loads(row["reasons_json"]),
+            record=json.loads(row["record_json"]),
+            started_at=row["started_at"],
             finished_at=row["finished_at"],
         )

@@ -9,14 +9,14 @@ constant for every token (``token_embd``), and no layer writes to it (``attn_out
 ``ffn_down`` have a zero output row 0), so after the final RMSNorm dimension 0 is always large
 and positive. ``output.weight`` gives the special and byte tokens a large negative weight on
 dimension 0 and every normal token zero there, so their logits sit hundreds below any normal
-token's, at any temperature.
+token's (measured: ~800 below for tiny, ~600 for small), negligible at any sane temperature.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import tempfile
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,7 @@ _COMMON_WORDS = (
     "those people how too little state good very make world still own see men work long get here "
     "between both life being under never day same another know while last might us great old "
     "year off come since against go came right used take three"
-).split()
+)
 _CONSONANTS = "bcdfghjklmnprstvwz"
 _VOWELS = "aeiou"
 
@@ -90,7 +90,7 @@ def _vocab(n_vocab: int) -> list[str]:
     pieces["▁"] = None
     for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
         pieces["▁" + c] = None
-    for word in _COMMON_WORDS:
+    for word in _COMMON_WORDS.split():
         for end in range(2, len(word) + 1):
             pieces["▁" + word[:end]] = None
     # Synthetic words, built breadth-first so each one's prefixes come before it.
@@ -149,8 +149,7 @@ def _tensors(shape: _Shape, seed: int) -> dict[str, np.ndarray]:
         }
     tensors |= {"output_norm.weight": ones(), "output.weight": out}
     return {
-        name: t if t.ndim == 1 else t.astype(shape.dtype, copy=False)
-        for name, t in tensors.items()
+        name: t if t.ndim == 1 else t.astype(shape.dtype, copy=False) for name, t in tensors.items()
     }
 
 
@@ -211,10 +210,9 @@ def generate_model(path: Path, size: ModelSize = "small", seed: int = 0) -> Path
     if path.exists() and _is_current(path, name):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Same-directory temp file + os.replace: readers never see a partial model.
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    # Same-directory temp file + os.replace: readers never see a partial model. Not mkstemp:
+    # its 0600 mode would stick to the model; the writer's open() honours the umask.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         _write(tmp, _SHAPES[size], name, seed)
         os.replace(tmp, path)

@@ -1,4 +1,4 @@
-"""The project file, flagtrial.toml: where the server runs, what it is, how to load it, how to judge."""
+"""The project file, flagtrial.toml: where the server runs, what it is, how to load and judge it."""
 
 from __future__ import annotations
 
@@ -54,13 +54,20 @@ class Project(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target: str = Field(
-        "process", description="'process' (child process here), 'local' (systemd here) or ssh://user@host[:port]"
+        "process",
+        description="'process' (child process here), 'local' (systemd here) or ssh://user@host[:port]",
     )
-    unit: str = Field(description="the unit file (process target: a local file path) holding the launch spec")
+    unit: str = Field(
+        description="the unit file (process target: a local file path) holding the launch spec"
+    )
     engine: Literal["llamacpp", "sglang", "vllm"] = "llamacpp"
     endpoint: str = Field("http://127.0.0.1:8080", description="base URL of the server's HTTP API")
-    ready_timeout_s: float = Field(120.0, gt=0, description="how long a restart may take to get ready")
-    ledger: str = Field(".flagtrial/ledger.db", description="ledger path, relative to the project file")
+    ready_timeout_s: float = Field(
+        120.0, gt=0, description="how long a restart may take to get ready"
+    )
+    ledger: str = Field(
+        ".flagtrial/ledger.db", description="ledger path, relative to the project file"
+    )
     workload: Workload = Field(default_factory=Workload)
     policy: Policy = Field(default_factory=Policy)
 

@@ -63,8 +63,9 @@ def verify_facts(expected: Facts, actual: Facts) -> list[str]:
 class Session:
     """What every command that touches a server needs: project, target, engine, ledger."""
 
-    def __init__(self, project: Project, target: Target, engine: Engine, ledger: Ledger,
-                 notify: Notify) -> None:
+    def __init__(
+        self, project: Project, target: Target, engine: Engine, ledger: Ledger, notify: Notify
+    ) -> None:
         self.project = project
         self.target = target
         self.engine = engine
@@ -74,12 +75,14 @@ class Session:
     async def restart_and_read(self) -> Facts:
         """Restart on the installed spec, wait until ready, read the server's facts."""
         mark = await self.target.restart()
-        took = await wait_ready(self.engine, self.target, self.project.endpoint, mark,
-                                self.project.ready_timeout_s)
+        took = await wait_ready(
+            self.engine, self.target, self.project.endpoint, mark, self.project.ready_timeout_s
+        )
         self.notify("ready", f"server ready in {took:.1f}s")
         async with httpx.AsyncClient(timeout=10.0) as client:
-            return await self.engine.facts(client, self.project.endpoint,
-                                           await self.target.logs_since(mark))
+            return await self.engine.facts(
+                client, self.project.endpoint, await self.target.logs_since(mark)
+            )
 
     async def known_good(self) -> tuple[Generation, LaunchSpec, Facts]:
         """The known-good generation, running and read. The installed spec becomes the baseline
@@ -88,13 +91,21 @@ class Session:
         installed = self.ledger.record_generation(self.target.name, spec.text, note="installed")
         good = self.ledger.last_known_good(self.target.name)
         state = await self.target.state()
-        if good is not None and good.id == installed.id and state.status == "running" and good.facts:
+        if (
+            good is not None
+            and good.id == installed.id
+            and state.status == "running"
+            and good.facts
+        ):
             async with httpx.AsyncClient(timeout=10.0) as client:
                 if await _ready(self.engine, client, self.project.endpoint):
                     return good, spec, Facts.model_validate(good.facts)
         if good is not None and good.id != installed.id:
-            self.notify("baseline", f"installed spec differs from known-good generation {good.id}; "
-                        f"taking the installed spec (generation {installed.id}) as the baseline")
+            self.notify(
+                "baseline",
+                f"installed spec differs from known-good generation {good.id}; "
+                f"taking the installed spec (generation {installed.id}) as the baseline",
+            )
         self.notify("baseline", f"starting generation {installed.id} to read its facts")
         facts = await self.restart_and_read()
         self.ledger.mark_known_good(installed.id, facts.model_dump())
@@ -102,12 +113,17 @@ class Session:
 
     async def restore(self, gen: Generation) -> Restore:
         """Install a generation, restart, and verify the server reports its known facts again."""
-        await self.target.install_spec(LaunchSpec.parse(gen.spec_text, (await self.target.read_spec()).kind))
+        installed = await self.target.read_spec()
+        await self.target.install_spec(installed.model_copy(update={"text": gen.spec_text}))
         facts = await self.restart_and_read()
         expected = Facts.model_validate(gen.facts) if gen.facts else None
         mismatches = verify_facts(expected, facts) if expected else []
-        return Restore(generation=gen.id, facts=facts, verified=expected is not None and not mismatches,
-                       mismatches=mismatches)
+        return Restore(
+            generation=gen.id,
+            facts=facts,
+            verified=expected is not None and not mismatches,
+            mismatches=mismatches,
+        )
 
 
 async def _ready(engine: Engine, client: httpx.AsyncClient, base_url: str) -> bool:
@@ -133,18 +149,28 @@ class Trial:
         out: dict[int, list[RunSummary]] = {lvl: [] for lvl in levels}
         for run_index in range(project.policy.runs):
             for level in levels:
-                result = await run_level(project.endpoint, project.workload, level,
-                                         warmup=run_index == 0, seed=run_index * 1000 + level)
+                result = await run_level(
+                    project.endpoint,
+                    project.workload,
+                    level,
+                    warmup=run_index == 0,
+                    seed=run_index * 1000 + level,
+                )
                 state = await self.s.target.state()
                 if state.status != "running":
-                    raise ServerDiedError(f"server died during the {arm} measurement "
-                                          f"(c={level}, run {run_index + 1})")
+                    raise ServerDiedError(
+                        f"server died during the {arm} measurement (c={level}, run {run_index + 1})"
+                    )
                 out[level].append(result.summary)
-                self.s.ledger.add_run(self.trial_id, arm, level, run_index,
-                                      result.summary.model_dump())
-                self.s.notify("run", f"{arm} c={level} run {run_index + 1}/{project.policy.runs}: "
-                              f"{result.summary.output_tok_s:.1f} tok/s, "
-                              f"{result.summary.n_errors} errors")
+                self.s.ledger.add_run(
+                    self.trial_id, arm, level, run_index, result.summary.model_dump()
+                )
+                self.s.notify(
+                    "run",
+                    f"{arm} c={level} run {run_index + 1}/{project.policy.runs}: "
+                    f"{result.summary.output_tok_s:.1f} tok/s, "
+                    f"{result.summary.n_errors} errors",
+                )
         return out
 
     async def run(self) -> TrialOutcome:
@@ -152,11 +178,16 @@ class Trial:
         good, spec, facts_before = await s.known_good()
         schema = await s.engine.flag_schema(s.target, spec.argv)
         candidate = apply_change(spec, self.change, schema)
-        named = set().union(*(s.engine.settings_for_flag(f) for f in names_touched(self.change, schema)))
+        named = set().union(
+            *(s.engine.settings_for_flag(f) for f in names_touched(self.change, schema))
+        )
         candidate_gen = s.ledger.record_generation(s.target.name, candidate.text, note="candidate")
         self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), good.id)
-        self._step("preflighted", f"candidate is generation {candidate_gen.id}",
-                   candidate_gen=candidate_gen.id)
+        self._step(
+            "preflighted",
+            f"candidate is generation {candidate_gen.id}",
+            candidate_gen=candidate_gen.id,
+        )
 
         facts_after: Facts | None = None
         diff: FactsDiff | None = None
@@ -174,26 +205,39 @@ class Trial:
                 verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
                 return await self._finish(verdict, good, candidate_gen, facts_before, None, None)
             diff = diff_facts(facts_before, facts_after, named)
-            self._step("facts", "; ".join(c.describe() for c in diff.capacity),
-                       record_json={"facts_after": facts_after.model_dump(), "diff": diff.model_dump()})
+            self._step(
+                "facts",
+                "; ".join(c.describe() for c in diff.capacity),
+                record_json={"facts_after": facts_after.model_dump(), "diff": diff.model_dump()},
+            )
             breach = capacity_breach(s.project.policy, diff)
             if breach and s.project.policy.capacity_guard == "revert":
-                verdict = Verdict(decision="REVERT", effects=[], reasons=[
-                    breach, "capacity_guard = revert: no load spent on the candidate"])
-                return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
+                verdict = Verdict(
+                    decision="REVERT",
+                    effects=[],
+                    reasons=[breach, "capacity_guard = revert: no load spent on the candidate"],
+                )
+                return await self._finish(
+                    verdict, good, candidate_gen, facts_before, facts_after, diff
+                )
             self._step("measuring", f"generation {candidate_gen.id}")
             try:
                 cand = await self._measure("candidate")
             except ServerDiedError as e:
                 verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
-                return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
+                return await self._finish(
+                    verdict, good, candidate_gen, facts_before, facts_after, diff
+                )
             verdict = judge(s.project.policy, diff, baseline, cand)
             return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
         except BaseException as e:
             # Ctrl-C, a crash of flagtrial's own code, a lost server: never leave the candidate.
             if installed:
                 with contextlib.suppress(BaseException):
-                    s.notify("reverting", f"interrupted ({type(e).__name__}): restoring generation {good.id}")
+                    s.notify(
+                        "reverting",
+                        f"interrupted ({type(e).__name__}): restoring generation {good.id}",
+                    )
                     restore = await asyncio.shield(s.restore(good))
                     self._step("reverted", _restore_detail(restore))
             else:
@@ -201,14 +245,26 @@ class Trial:
                     self._step("aborted", f"{type(e).__name__}: {e}")
             raise
 
-    async def _finish(self, verdict: Verdict, good: Generation, candidate_gen: Generation,
-                      facts_before: Facts, facts_after: Facts | None,
-                      diff: FactsDiff | None) -> TrialOutcome:
+    async def _finish(
+        self,
+        verdict: Verdict,
+        good: Generation,
+        candidate_gen: Generation,
+        facts_before: Facts,
+        facts_after: Facts | None,
+        diff: FactsDiff | None,
+    ) -> TrialOutcome:
         s = self.s
-        self._step("judged", verdict.decision, verdict=verdict.decision, reasons_json=verdict.reasons,
-                   record_json=_record(verdict, facts_before, facts_after, diff))
+        self._step(
+            "judged",
+            verdict.decision,
+            verdict=verdict.decision,
+            reasons_json=verdict.reasons,
+            record_json=_record(verdict, facts_before, facts_after, diff),
+        )
         keep = verdict.decision == "KEEP" or (
-            verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep")
+            verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
+        )
         restore = None
         if keep and facts_after is not None:
             s.ledger.mark_known_good(candidate_gen.id, facts_after.model_dump())
@@ -216,26 +272,45 @@ class Trial:
         else:
             self._step("reverting", f"restoring generation {good.id}")
             restore = await s.restore(good)
-            self._step("reverted", _restore_detail(restore), finished_at=_now(),
-                       record_json={**_record(verdict, facts_before, facts_after, diff),
-                                    "restore": restore.model_dump()})
+            self._step(
+                "reverted",
+                _restore_detail(restore),
+                finished_at=_now(),
+                record_json={
+                    **_record(verdict, facts_before, facts_after, diff),
+                    "restore": restore.model_dump(),
+                },
+            )
             if not restore.verified:
-                raise RollbackError(f"restored generation {good.id} but its facts differ: "
-                                    + "; ".join(restore.mismatches))
+                raise RollbackError(
+                    f"restored generation {good.id} but its facts differ: "
+                    + "; ".join(restore.mismatches)
+                )
         s.ledger.step(self.trial_id, "kept" if keep else "reverted", "done", finished_at=_now())
         return TrialOutcome(
-            trial_id=self.trial_id, verdict=verdict, outcome="kept" if keep else "reverted",
-            baseline_gen=good.id, candidate_gen=candidate_gen.id, facts_before=facts_before,
-            facts_after=facts_after, diff=diff, restore=restore)
+            trial_id=self.trial_id,
+            verdict=verdict,
+            outcome="kept" if keep else "reverted",
+            baseline_gen=good.id,
+            candidate_gen=candidate_gen.id,
+            facts_before=facts_before,
+            facts_after=facts_after,
+            diff=diff,
+            restore=restore,
+        )
 
 
 def _restore_detail(restore: Restore) -> str:
     if restore.verified:
         return f"generation {restore.generation} serving, facts match the known-good"
-    return f"generation {restore.generation} serving, facts differ: " + "; ".join(restore.mismatches)
+    return f"generation {restore.generation} serving, facts differ: " + "; ".join(
+        restore.mismatches
+    )
 
 
-def _record(verdict: Verdict, before: Facts, after: Facts | None, diff: FactsDiff | None) -> dict[str, Any]:
+def _record(
+    verdict: Verdict, before: Facts, after: Facts | None, diff: FactsDiff | None
+) -> dict[str, Any]:
     return {
         "verdict": verdict.model_dump(),
         "facts_before": before.model_dump(),

@@ -56,23 +56,34 @@ def diff_lines(diff: FactsDiff) -> list[str]:
 
 
 def effects_table(effects: list[Effect]) -> Table:
-    table = Table(title="measured effect (candidate vs known-good, geometric means of runs)",
-                  title_justify="left")
+    table = Table(
+        title="measured effect (candidate vs known-good, geometric means of runs)",
+        title_justify="left",
+    )
     for col in ("metric", "c", "known-good", "candidate", "change", "interval", "runs"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for e in effects:
-        table.add_row(e.label, str(e.concurrency), f"{e.baseline:.4g}", f"{e.candidate:.4g}",
-                      f"{e.pct:+.1f} %", f"{e.lo_pct:+.1f} .. {e.hi_pct:+.1f} %",
-                      f"{e.runs_baseline}+{e.runs_candidate}")
+        table.add_row(
+            e.label,
+            str(e.concurrency),
+            f"{e.baseline:.4g}",
+            f"{e.candidate:.4g}",
+            f"{e.pct:+.1f} %",
+            f"{e.lo_pct:+.1f} .. {e.hi_pct:+.1f} %",
+            f"{e.runs_baseline}+{e.runs_candidate}",
+        )
     return table
 
 
 def restore_line(restore: Restore) -> str:
     if restore.verified:
-        caps = ", ".join(f"{CAPACITY_LABELS.get(k, k)} {v:g}" for k, v in restore.facts.capacity.items())
+        caps = ", ".join(
+            f"{CAPACITY_LABELS.get(k, k)} {v:g}" for k, v in restore.facts.capacity.items()
+        )
         return f"[green]restored generation {restore.generation}, verified[/green]: {caps}"
-    return (f"[red]restored generation {restore.generation}, NOT verified[/red]: "
-            + "; ".join(restore.mismatches))
+    return f"[red]restored generation {restore.generation}, NOT verified[/red]: " + "; ".join(
+        restore.mismatches
+    )
 
 
 def show_outcome(outcome: TrialOutcome) -> None:
@@ -85,13 +96,22 @@ def show_outcome(outcome: TrialOutcome) -> None:
     if v.effects:
         console.print(effects_table(v.effects))
     body = "\n".join(f"- {r}" for r in v.reasons)
-    action = (f"generation {outcome.candidate_gen} kept as known-good" if outcome.outcome == "kept"
-              else f"rolled back to generation {outcome.baseline_gen}")
+    action = (
+        f"generation {outcome.candidate_gen} kept as known-good"
+        if outcome.outcome == "kept"
+        else f"rolled back to generation {outcome.baseline_gen}"
+    )
     if outcome.restore is not None:
         body += "\n" + restore_line(outcome.restore)
     colour = COLOURS[v.decision]
-    console.print(Panel(body, title=f"[bold {colour}]{v.decision}[/] trial {outcome.trial_id}: {action}",
-                        border_style=colour, expand=False))
+    console.print(
+        Panel(
+            body,
+            title=f"[bold {colour}]{v.decision}[/] trial {outcome.trial_id}: {action}",
+            border_style=colour,
+            expand=False,
+        )
+    )
 
 
 def history_table(trials: list[TrialRow], generations: list[Generation]) -> Table:
@@ -100,9 +120,15 @@ def history_table(trials: list[TrialRow], generations: list[Generation]) -> Tabl
         table.add_column(col)
     for t in trials:
         change = "; ".join(_edit(e) for e in t.change.get("edits", []))
-        table.add_row(str(t.id), time.strftime("%F %T", time.localtime(t.started_at)), change,
-                      f"{t.baseline_gen} -> {t.candidate_gen or '-'}", t.state, t.verdict or "-",
-                      (t.reasons[0] if t.reasons else "")[:80])
+        table.add_row(
+            str(t.id),
+            time.strftime("%F %T", time.localtime(t.started_at)),
+            change,
+            f"{t.baseline_gen} -> {t.candidate_gen or '-'}",
+            t.state,
+            t.verdict or "-",
+            (t.reasons[0] if t.reasons else "")[:80],
+        )
     return table
 
 
@@ -112,8 +138,13 @@ def generations_table(generations: list[Generation], current: int | None) -> Tab
         table.add_column(col)
     for g in generations:
         mark = "yes" + (" (current)" if g.id == current else "") if g.known_good else ""
-        table.add_row(str(g.id), time.strftime("%F %T", time.localtime(g.created_at)),
-                      g.spec_sha256[:12], mark, g.note)
+        table.add_row(
+            str(g.id),
+            time.strftime("%F %T", time.localtime(g.created_at)),
+            g.spec_sha256[:12],
+            mark,
+            g.note,
+        )
     return table
 
 

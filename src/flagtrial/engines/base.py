@@ -40,8 +40,9 @@ class Engine(Protocol):
         ...
 
 
-async def wait_ready(engine: Engine, target: Target, base_url: str, mark: str,
-                     timeout_s: float) -> float:
+async def wait_ready(
+    engine: Engine, target: Target, base_url: str, mark: str, timeout_s: float
+) -> float:
     """Poll readiness and the supervisor together, so a crash ends the wait at once.
 
     Returns the seconds it took. Readiness only counts while the target's own process is

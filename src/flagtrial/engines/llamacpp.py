@@ -1,7 +1,7 @@
 """Engine `llamacpp`: llama.cpp's llama-server.
 
-Facts: `/props` (total_slots, per-slot n_ctx, build_info), `/v1/models` (meta.n_ctx: the KV
-cells of the whole context) and the startup log line
+Facts: `/props` (total_slots, per-slot n_ctx, build_info), `/v1/models` (meta.n_ctx_train)
+and the startup log line
 `load_model: initializing, n_slots = 8, n_ctx_slot = 1024, kv_unified = 'false'`.
 """
 
@@ -11,15 +11,18 @@ import re
 
 import httpx
 
+from flagtrial.engines.schema_cache import help_schema
 from flagtrial.facts import Facts, Scalar
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
-from flagtrial.engines.schema_cache import help_schema
 
 SLOTS_LINE = re.compile(
-    r"n_slots = (?P<n_slots>\d+), n_ctx_slot = (?P<n_ctx_slot>\d+), kv_unified = '(?P<kv_unified>\w+)'"
+    r"n_slots = (?P<n_slots>\d+), n_ctx_slot = (?P<n_ctx_slot>\d+), "
+    r"kv_unified = '(?P<kv_unified>\w+)'"
 )
-AUTO_LINE = re.compile(r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified = (\w+)")
+AUTO_LINE = re.compile(
+    r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified = (\w+)"
+)
 THREADS_LINE = re.compile(r"threadpool init, n_threads = (\d+)")
 # llama.cpp's log marks errors with level "E" (`0.00.003.244 E srv  start: couldn't bind ...`);
 # argument errors are printed bare (`error: invalid argument: --bogus`).
@@ -28,7 +31,7 @@ CRASH_LINES = re.compile(r"^\s*[\d.]+ E |^error: ")
 # Which resolved settings a flag sets directly; anything else that changes is implicit.
 FLAG_SETTINGS: dict[str, set[str]] = {
     "--parallel": {"n_slots"},
-    "--ctx-size": {"n_ctx_slot", "n_ctx"},
+    "--ctx-size": {"n_ctx_slot"},
     "--kv-unified": {"kv_unified"},
     "--threads": {"n_threads"},
     "--model": {"model_path", "model_ftype", "n_ctx_train"},
@@ -45,8 +48,11 @@ def parse_startup_log(log: str) -> tuple[dict[str, Scalar], list[str]]:
     lines: list[str] = []
     for line in log.splitlines():
         if m := SLOTS_LINE.search(line):
-            settings.update(n_slots=int(m["n_slots"]), n_ctx_slot=int(m["n_ctx_slot"]),
-                            kv_unified=_bool(m["kv_unified"]))
+            settings.update(
+                n_slots=int(m["n_slots"]),
+                n_ctx_slot=int(m["n_ctx_slot"]),
+                kv_unified=_bool(m["kv_unified"]),
+            )
             lines.append(line.strip())
         elif m := AUTO_LINE.search(line):
             settings["n_parallel_auto"] = True
@@ -69,7 +75,6 @@ class LlamaCppEngine:
         meta = (models.get("data") or [{}])[0].get("meta", {})
         settings, lines = parse_startup_log(startup_log)
         settings.update(
-            n_ctx=meta.get("n_ctx"),
             n_ctx_train=meta.get("n_ctx_train"),
             model_path=props.get("model_path"),
             model_ftype=props.get("model_ftype"),
@@ -82,11 +87,22 @@ class LlamaCppEngine:
             "concurrent_requests": "GET /props total_slots",
             "context_per_request": "GET /props default_generation_settings.n_ctx",
         }
-        if meta.get("n_ctx"):
-            capacity["kv_tokens"] = float(meta["n_ctx"])
-            sources["kv_tokens"] = "GET /v1/models data[0].meta.n_ctx"
-        return Facts(engine=self.name, version=props.get("build_info"), capacity=capacity,
-                     settings=settings, sources=sources, log_lines=lines)
+        if "n_slots" in settings:
+            # A unified KV cache is one pool of n_ctx_slot cells shared by every slot; otherwise
+            # each slot owns its own n_ctx_slot cells.
+            shared = settings["kv_unified"]
+            capacity["kv_tokens"] = float(settings["n_ctx_slot"]) * (
+                1 if shared else settings["n_slots"]
+            )
+            sources["kv_tokens"] = "startup log: n_slots, n_ctx_slot, kv_unified"
+        return Facts(
+            engine=self.name,
+            version=props.get("build_info"),
+            capacity=capacity,
+            settings=settings,
+            sources=sources,
+            log_lines=lines,
+        )
 
     def crash_reason(self, log: str) -> str | None:
         hits = [line.strip() for line in log.splitlines() if CRASH_LINES.search(line)]

@@ -68,7 +68,10 @@ async def run_level(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     n = workload.requests_per_run if n_requests is None else n_requests
     n_warmup = workload.warmup_requests if warmup else 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    # No keep-alive: a pooled connection the server already closed after a stream fails the
+    # next request with "Server disconnected" (seen with llama-server), a client-side artefact
+    # that would count as a server error. A fresh loopback connection costs far less than that.
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
     # httpx's own 5 s default would cut off a request queued behind others; send_request
     # bounds each request by request_timeout_s itself. trust_env=False: no proxy from the
     # environment may sit between us and the server.

@@ -50,7 +50,7 @@ class Target(Protocol):
         ...
 
     async def install_spec(self, spec: LaunchSpec) -> None:
-        """Replace the installed spec atomically: afterwards it is the old text or the new, never partial."""
+        """Replace the installed spec atomically: the old text or the new, never partial."""
         ...
 
     async def restart(self) -> str:

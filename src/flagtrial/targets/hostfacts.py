@@ -20,8 +20,14 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) == 4:
-            gpus.append(Gpu(name=fields[0], compute_cap=fields[1], memory_total=fields[2],
-                            driver_version=fields[3]))
+            gpus.append(
+                Gpu(
+                    name=fields[0],
+                    compute_cap=fields[1],
+                    memory_total=fields[2],
+                    driver_version=fields[3],
+                )
+            )
     return gpus
 
 

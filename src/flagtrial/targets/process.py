@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
-from flagtrial.launch.execwords import expand_env
+from flagtrial.launch.execwords import expand_words
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import HostFacts, ServerState
 from flagtrial.targets.hostfacts import collect_host_facts
@@ -40,7 +40,7 @@ def _proc_start_ticks(pid: int) -> int | None:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write next to the target, fsync, rename, fsync the folder: the old text or the new, never partial."""
+    """Write alongside, fsync, rename, fsync the folder: the old text or the new, never partial."""
     tmp = path.with_name(f".{path.name}.flagtrial-tmp")
     with open(tmp, "w") as f:
         f.write(text)
@@ -84,7 +84,7 @@ class ProcessTarget:
         except FileNotFoundError as e:
             raise SpecError(f"launch spec {self.spec_path} does not exist") from e
         kind = "unit" if self.spec_path.suffix in (".service", ".conf") else "command"
-        return LaunchSpec.parse(text, kind)
+        return LaunchSpec(kind=kind, text=text)
 
     async def install_spec(self, spec: LaunchSpec) -> None:
         try:
@@ -143,15 +143,22 @@ class ProcessTarget:
         spec = await self.read_spec()
         await self.stop()
         env = self._environment(spec)
-        argv = expand_env(spec.argv, env)
+        argv = expand_words(spec.argv, env, substitute_env=not spec.prefix.count(":"))
         with open(self.log_path, "ab") as log:
             mark = log.tell()
-            log.write(f"=== flagtrial start {time.strftime('%FT%T')} spec {spec.sha256[:12]}\n".encode())
+            log.write(
+                f"=== flagtrial start {time.strftime('%FT%T')} spec {spec.sha256[:12]}\n".encode()
+            )
             log.flush()
             try:
                 self._child = subprocess.Popen(
-                    argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, cwd=self.spec_path.parent,
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=self.spec_path.parent,
                 )
             except OSError as e:
                 raise TargetError(f"cannot start {argv[0]}: {e.strerror}") from e

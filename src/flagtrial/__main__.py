@@ -1,0 +1,3 @@
+from flagtrial.cli import main
+
+main()

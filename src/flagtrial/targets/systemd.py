@@ -1,0 +1,444 @@
+"""Target `systemd`: the server is a systemd unit, driven with systemctl and journalctl.
+
+Every host command goes through a Runner (a local subprocess here, an SSH connection in
+ssh.py), so the systemd logic exists once. Commands are argv lists, never shell text: a
+runner that needs a command line builds it with shlex.join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from flagtrial.errors import LockHeldError, SpecError, TargetError
+from flagtrial.launch.spec import LaunchSpec, parse_unit
+from flagtrial.targets.base import HostFacts, ServerState, ServerStatus
+from flagtrial.targets.hostfacts import collect_host_facts
+
+LOCK_DIR = "/run/flagtrial"
+LOCK_BUSY = 75  # flock -E: tells "held by someone else" from any other failure
+POLL_S = 0.1
+STATE_PROPS = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "MainPID",
+    "NRestarts",
+    "ExecMainCode",
+    "ExecMainStatus",
+)
+CLD_EXITED = "1"  # ExecMainCode: the main process exited (else it was killed by a signal)
+START_LIMIT_LINE = "Start request repeated too quickly"
+
+# systemd's unit name characters; a leading '-' would read as a systemctl option.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@][A-Za-z0-9:_.\\@-]*")
+
+# Runs on the host as `sh -c INSTALL_SCRIPT sh PATH` with the new text on stdin. Values reach
+# it only as positional arguments, never inside the script. Each step runs only if the one
+# before succeeded: a failed write leaves the old file and nothing reloaded.
+INSTALL_SCRIPT = r"""set -eu
+dst=$(readlink -m -- "$1")  # a linked unit: replace the file the link points to
+tmp="$dst.flagtrial-tmp"
+trap 'rm -f -- "$tmp"' EXIT
+mkdir -p -- "$(dirname -- "$dst")"
+cat >"$tmp"
+if [ -e "$dst" ]; then
+  chmod --reference="$dst" -- "$tmp"
+  chown --reference="$dst" -- "$tmp"
+fi
+sync -- "$tmp"
+mv -f -- "$tmp" "$dst"
+sync -- "$(dirname -- "$dst")"
+systemctl daemon-reload
+"""
+
+# `flock -c` keeps the lock while `cat` waits on stdin: closing our end, or losing the
+# connection or the process that holds it, releases the lock (a dead holder never keeps it).
+# Errors go to stdout, so the line read in place of "locked" says what went wrong.
+LOCK_SCRIPT = (
+    'exec 2>&1; mkdir -p -- "$(dirname -- "$1")" && '
+    'exec flock -n -E 75 -- "$1" sh -c "$2" sh "$3" "$4"'
+)
+HOLD_SCRIPT = 'printf "%s\\n" "$2" >"$1"; echo locked; exec cat'
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: bytes
+    stderr: bytes  # empty when stderr was merged into stdout
+
+
+class Held(Protocol):
+    """A long-running command on the host, alive until released."""
+
+    async def readline(self) -> str: ...
+
+    def alive(self) -> bool: ...
+
+    async def wait(self) -> int: ...
+
+    async def release(self) -> None: ...
+
+
+class Runner(Protocol):
+    where: str  # the host, for messages: "this machine", "root@10.200.1.2"
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        input: bytes | None = None,
+        timeout_s: float = 30.0,
+        merge_stderr: bool = False,
+    ) -> Completed:
+        """Run argv to completion; exit code 124 when it ran past timeout_s."""
+        ...
+
+    async def hold(self, argv: list[str]) -> Held: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ConnectionDropped(TargetError):
+    """The runner's connection to the host broke; the next call opens a new one."""
+
+
+def first_line(data: bytes, default: str = "") -> str:
+    for line in data.decode(errors="replace").splitlines():
+        if line.strip():
+            return line.strip()
+    return default
+
+
+class _LocalHeld:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def readline(self) -> str:
+        assert self.proc.stdout is not None
+        return (await self.proc.stdout.readline()).decode(errors="replace").strip()
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+    async def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 5.0)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+class LocalRunner:
+    where = "this machine"
+
+    async def exec(
+        self,
+        argv: list[str],
+        *,
+        input: bytes | None = None,
+        timeout_s: float = 30.0,
+        merge_stderr: bool = False,
+    ) -> Completed:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
+            )
+        except OSError as e:
+            return Completed(127, b"", f"{argv[0]}: {e.strerror}".encode())
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return Completed(124, b"", f"{argv[0]}: timed out after {timeout_s:g}s".encode())
+        return Completed(proc.returncode or 0, out, err or b"")
+
+    async def hold(self, argv: list[str]) -> Held:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        except OSError as e:
+            raise TargetError(f"cannot run {argv[0]}: {e.strerror}") from e
+        return _LocalHeld(proc)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _status(props: dict[str, str]) -> ServerStatus:
+    active = props.get("ActiveState", "")
+    if active in ("active", "reloading"):
+        return "running"
+    # activating covers auto-restart; deactivating is the old instance on its way out.
+    if active in ("activating", "deactivating"):
+        return "starting"
+    if active == "failed" or props.get("Result", "success") != "success":
+        return "failed"
+    return "stopped"
+
+
+class SystemdTarget:
+    """A systemd unit on the host its runner reaches (this machine by default).
+
+    `spec_path` names the file a trial edits: by default the unit's own file
+    (FragmentPath); a path ending in `.d/NAME.conf` makes the trial edit that drop-in.
+    """
+
+    def __init__(
+        self,
+        unit: str,
+        spec_path: str | None = None,
+        *,
+        runner: Runner | None = None,
+        restart_timeout_s: float = 120.0,
+    ) -> None:
+        if not _UNIT_NAME.fullmatch(unit):
+            raise TargetError(f"invalid systemd unit name {unit!r}")
+        if spec_path is not None and not spec_path.startswith("/"):
+            raise TargetError(f"spec path {spec_path!r} must be absolute")
+        self.unit = unit if unit.endswith(".service") else f"{unit}.service"
+        self.spec_path = spec_path
+        self.restart_timeout_s = restart_timeout_s
+        self._runner: Runner = runner or LocalRunner()
+        self._name_prefix = "systemd:"
+        self._mark: str | None = None
+        self._held: Held | None = None
+        self._holder_info = ""
+
+    @property
+    def name(self) -> str:
+        suffix = f":{self.spec_path}" if self.spec_path else ""
+        return f"{self._name_prefix}{self.unit}{suffix}"
+
+    @property
+    def lock_path(self) -> str:
+        return f"{LOCK_DIR}/{self.unit}.lock"
+
+    @property
+    def holder_path(self) -> str:
+        return f"{LOCK_DIR}/{self.unit}.holder"
+
+    async def aclose(self) -> None:
+        await self._runner.aclose()
+
+    async def _exec(
+        self,
+        argv: list[str],
+        *,
+        input: bytes | None = None,
+        timeout_s: float = 30.0,
+        merge_stderr: bool = False,
+    ) -> Completed:
+        """Run on the host; a dropped connection is reopened once (and a lock it held retaken)."""
+        try:
+            await self._keep_lock()
+            return await self._runner.exec(
+                argv, input=input, timeout_s=timeout_s, merge_stderr=merge_stderr
+            )
+        except ConnectionDropped:
+            await self._keep_lock()
+            return await self._runner.exec(
+                argv, input=input, timeout_s=timeout_s, merge_stderr=merge_stderr
+            )
+
+    async def _check(
+        self, argv: list[str], what: str, *, input: bytes | None = None, timeout_s: float = 30.0
+    ) -> bytes:
+        r = await self._exec(argv, input=input, timeout_s=timeout_s)
+        if r.returncode != 0:
+            why = first_line(r.stderr or r.stdout, f"exit {r.returncode}")
+            raise TargetError(f"{what} on {self._runner.where} failed: {why}")
+        return r.stdout
+
+    async def _show(self, props: tuple[str, ...]) -> dict[str, str]:
+        argv = ["systemctl", "show", "-p", ",".join(props), "--", self.unit]
+        out = await self._check(argv, f"systemctl show {self.unit}")
+        return dict(
+            line.split("=", 1) for line in out.decode(errors="replace").splitlines() if "=" in line
+        )
+
+    async def _resolve_spec_path(self) -> str:
+        if self.spec_path:
+            return self.spec_path
+        props = await self._show(("LoadState", "FragmentPath"))
+        if props.get("LoadState") == "not-found" or not props.get("FragmentPath"):
+            raise TargetError(f"unit {self.unit} not found on {self._runner.where}")
+        return props["FragmentPath"]
+
+    @staticmethod
+    def _is_dropin(path: str) -> bool:
+        parent, _, name = path.rpartition("/")
+        return parent.endswith(".d") and name.endswith(".conf")
+
+    async def read_spec(self) -> LaunchSpec:
+        path = await self._resolve_spec_path()
+        r = await self._exec(["cat", "--", path])
+        if r.returncode != 0:
+            why = first_line(r.stderr, f"exit {r.returncode}")
+            if "No such file" in why:
+                raise SpecError(f"launch spec {path} does not exist on {self._runner.where}")
+            raise TargetError(f"cannot read {path} on {self._runner.where}: {why}")
+        # surrogateescape: any bytes round-trip, so an install writes back exactly what was read.
+        text = r.stdout.decode("utf-8", "surrogateescape")
+        return parse_unit(text, dropin=self._is_dropin(path))
+
+    async def install_spec(self, spec: LaunchSpec) -> None:
+        path = await self._resolve_spec_path()
+        await self._check(
+            ["sh", "-c", INSTALL_SCRIPT, "sh", path],
+            f"installing {path}",
+            input=spec.text.encode("utf-8", "surrogateescape"),
+            timeout_s=60.0,
+        )
+
+    async def _journal_cursor(self) -> str:
+        out = await self._check(
+            ["journalctl", "-n", "0", "--show-cursor", "-q", "--no-pager"],
+            "journalctl --show-cursor",
+        )
+        for line in out.decode(errors="replace").splitlines():
+            if line.startswith("-- cursor: "):
+                return line.removeprefix("-- cursor: ").strip()
+        raise TargetError(f"the journal on {self._runner.where} gave no cursor")
+
+    async def restart(self) -> str:
+        # reset-failed clears the start limit and NRestarts, so a unit that failed or looped
+        # before starts again and restart_loop counts this start only. It fails harmlessly
+        # on a unit that is not failed.
+        await self._exec(["systemctl", "reset-failed", "--", self.unit])
+        mark = await self._journal_cursor()
+        before = await self._show(("InvocationID",))
+        # --no-block: a start that fails or never becomes ready cannot hang us.
+        await self._check(
+            ["systemctl", "restart", "--no-block", "--", self.unit],
+            f"systemctl restart {self.unit}",
+        )
+        self._mark = mark
+        # The queued job may not have run yet: until the old instance is gone, state() would
+        # still report it running and a readiness check would talk to the old server.
+        deadline = time.monotonic() + self.restart_timeout_s
+        while True:
+            now = await self._show(("InvocationID", "ActiveState"))
+            if now.get("InvocationID") != before.get("InvocationID") or now.get(
+                "ActiveState"
+            ) not in ("active", "reloading", "deactivating"):
+                return mark
+            if time.monotonic() > deadline:
+                raise TargetError(
+                    f"{self.unit} on {self._runner.where} did not stop within "
+                    f"{self.restart_timeout_s:g}s"
+                )
+            await asyncio.sleep(POLL_S)
+
+    async def state(self) -> ServerState:
+        props = await self._show(STATE_PROPS)
+        if props.get("LoadState") == "not-found":
+            return ServerState(status="stopped", detail=f"unit {self.unit} not found")
+        restarts = int(props.get("NRestarts") or 0)
+        status = _status(props)
+        pid = int(props.get("MainPID") or 0) or None
+        exit_code = None
+        code, main_status = props.get("ExecMainCode", "0"), props.get("ExecMainStatus", "0")
+        if status != "running" and code == CLD_EXITED:
+            exit_code = int(main_status)
+        detail = f"{props.get('ActiveState')}/{props.get('SubState')} result={props.get('Result')}"
+        if code not in ("0", CLD_EXITED):
+            detail += f", killed by signal {main_status}"
+        # The start limit shows only in the journal: Result keeps the last exit's reason.
+        loop = restarts > 2 or props.get("Result") == "start-limit-hit"
+        if status == "failed" and not loop and self._mark is not None:
+            loop = START_LIMIT_LINE in await self.logs_since(self._mark)
+        return ServerState(
+            status=status,
+            pid=pid,
+            exit_code=exit_code,
+            restarts=restarts,
+            restart_loop=loop,
+            detail=detail,
+        )
+
+    async def logs_since(self, mark: str) -> str:
+        out = await self._check(
+            [
+                "journalctl",
+                "-u",
+                self.unit,
+                f"--after-cursor={mark}",
+                "-o",
+                "cat",
+                "-q",
+                "--no-pager",
+            ],
+            f"journalctl -u {self.unit}",
+        )
+        return out.decode(errors="replace")
+
+    async def _take_lock(self, info: str) -> Held:
+        held = await self._runner.hold(
+            ["sh", "-c", LOCK_SCRIPT, "sh", self.lock_path, HOLD_SCRIPT, self.holder_path, info]
+        )
+        try:
+            line = await asyncio.wait_for(held.readline(), 30.0)
+        except TimeoutError:
+            await held.release()
+            raise TargetError(
+                f"taking the lock {self.lock_path} on {self._runner.where} timed out"
+            ) from None
+        if line == "locked":
+            return held
+        rc = await held.wait()
+        if rc == LOCK_BUSY:
+            r = await self._runner.exec(["cat", "--", self.holder_path])
+            by = first_line(r.stdout, "an unknown holder")
+            raise LockHeldError(f"{self.name} is locked by {by}")
+        raise TargetError(
+            f"cannot take the lock {self.lock_path} on {self._runner.where}: {line or f'exit {rc}'}"
+        )
+
+    async def _keep_lock(self) -> None:
+        """After a dropped connection the host released our lock: take it again, or fail."""
+        if self._held is not None and not self._held.alive():
+            self._held = None
+            self._held = await self._take_lock(self._holder_info)
+
+    @contextlib.asynccontextmanager
+    async def lock(self, holder: str) -> AsyncIterator[None]:
+        info = f"{holder} (pid {os.getpid()} on {socket.gethostname()})"
+        self._held = await self._take_lock(info)
+        self._holder_info = info
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held is not None and held.alive():
+                with contextlib.suppress(Exception):
+                    await held.release()
+
+    async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
+        r = await self._exec(argv, timeout_s=timeout_s, merge_stderr=True)
+        return r.returncode, r.stdout.decode(errors="replace")
+
+    async def host_facts(self) -> HostFacts:
+        return await collect_host_facts(self.run)

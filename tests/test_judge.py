@@ -1,0 +1,118 @@
+"""The verdict on constructed cases, and the interval's coverage on simulated runs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flagtrial.facts import Facts, diff_facts
+from flagtrial.judge import judge, relative_change
+from flagtrial.load.summary import RunSummary
+from flagtrial.settings import Policy
+
+
+def summary(tok_s: float, ttft: float = 0.2, errors: int = 0, c: int = 8) -> RunSummary:
+    n = 16
+    return RunSummary(
+        concurrency=c,
+        n_requests=n,
+        n_ok=n - errors,
+        n_errors=errors,
+        error_rate=errors / n,
+        duration_s=5.0,
+        output_tokens=int(tok_s * 5),
+        output_tok_s=tok_s,
+        request_rate=n / 5,
+        ttft_p50=ttft,
+        ttft_p90=ttft * 1.2,
+        ttft_p99=ttft * 1.5,
+        itl_p50=0.01,
+        itl_p90=0.012,
+        itl_p99=0.02,
+        e2e_p50=1.0,
+        errors={"HTTP 500: boom": errors} if errors else {},
+    )
+
+
+def facts(slots: float) -> Facts:
+    return Facts(
+        engine="llamacpp",
+        capacity={"concurrent_requests": slots, "kv_tokens": 8192},
+        settings={"n_slots": int(slots)},
+    )
+
+
+def runs(values: list[float], **kw: float) -> dict[int, list[RunSummary]]:
+    return {8: [summary(v, **kw) for v in values]}
+
+
+NOISE = [0.98, 1.01, 1.0, 1.02, 0.99]
+
+
+def test_interval_coverage_on_simulated_runs() -> None:
+    """A 95 % interval covers a known true effect in about 95 % of simulated trials."""
+    rng = np.random.default_rng(7)
+    true_pct, hits, trials = 5.0, 0, 2000
+    for _ in range(trials):
+        a = np.exp(rng.normal(np.log(300), 0.05, 5))
+        b = np.exp(rng.normal(np.log(300 * 1.05), 0.05, 5))
+        _, lo, hi = relative_change(list(a), list(b), 0.95)
+        hits += lo <= true_pct <= hi
+    assert 0.93 <= hits / trials <= 0.97
+
+
+def test_seed_story_no_gain_but_capacity_loss_reverts() -> None:
+    before, after = facts(48), facts(26)
+    diff = diff_facts(before, after, named_settings=set())
+    verdict = judge(
+        Policy(), diff, runs([300 * x for x in NOISE]), runs([300 * x for x in NOISE[::-1]])
+    )
+    assert verdict.decision == "REVERT"
+    assert "no real gain, but a cost" in verdict.reasons[0]
+    assert any("concurrent requests 48 -> 26 (-45.8 %)" in r for r in verdict.reasons)
+    assert any("implicit change" in r and "n_slots" in r for r in verdict.reasons)
+
+
+def test_real_gain_without_cost_keeps() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    verdict = judge(Policy(), diff, runs([300 * x for x in NOISE]), runs([360 * x for x in NOISE]))
+    assert verdict.decision == "KEEP"
+    assert "+20.0 %" in verdict.reasons[0]
+
+
+def test_harm_reverts() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    verdict = judge(Policy(), diff, runs([300 * x for x in NOISE]), runs([200 * x for x in NOISE]))
+    assert verdict.decision == "REVERT"
+    assert verdict.reasons[0].startswith("harmful")
+
+
+def test_equivalent_without_cost_is_inconclusive() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    verdict = judge(Policy(), diff, runs([300.0, 301, 299, 300]), runs([300.5, 299.5, 300, 300.2]))
+    assert verdict.decision == "INCONCLUSIVE"
+    assert "no effect beyond the margins" in verdict.reasons[0]
+
+
+def test_wide_interval_is_inconclusive() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    verdict = judge(Policy(), diff, runs([200.0, 400]), runs([250.0, 420]))
+    assert verdict.decision == "INCONCLUSIVE"
+    assert "too wide" in verdict.reasons[0]
+
+
+def test_gain_with_errors_reverts() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    verdict = judge(
+        Policy(), diff, runs([300 * x for x in NOISE]), runs([360 * x for x in NOISE], errors=2)
+    )
+    assert verdict.decision == "REVERT"
+    assert "a gain that breaks a guardrail" in verdict.reasons[0]
+    assert any("requests failed" in r for r in verdict.reasons)
+
+
+def test_named_settings_are_not_implicit() -> None:
+    diff = diff_facts(facts(8), facts(4), named_settings={"n_slots"})
+    assert diff.implicit == []
+    assert [c.name for c in diff.explicit] == ["n_slots"]
+    assert diff.worst_capacity_loss() is not None
+    assert diff.worst_capacity_loss().pct == -50.0

@@ -1,0 +1,74 @@
+"""Ledger bookkeeping on real SQLite, and project-file errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flagtrial.errors import LedgerError, ProjectError
+from flagtrial.ledger import Ledger
+from flagtrial.settings import load_project
+
+
+def test_generations_are_content_addressed(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    a = ledger.record_generation("t", "one")
+    b = ledger.record_generation("t", "two")
+    assert ledger.record_generation("t", "one").id == a.id
+    assert a.id != b.id
+    assert ledger.last_known_good("t") is None
+    ledger.mark_known_good(b.id, {"engine": "x"})
+    ledger.mark_known_good(a.id, {"engine": "x"})
+    # The most recently confirmed generation is the known-good, not the newest.
+    assert ledger.last_known_good("t").id == a.id
+
+
+def test_trial_journal(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    gen = ledger.record_generation("t", "spec")
+    trial = ledger.start_trial("t", {"edits": []}, gen.id)
+    ledger.step(trial, "judged", "REVERT", verdict="REVERT", reasons_json=["x"])
+    ledger.add_run(trial, "baseline", 8, 0, {"output_tok_s": 1.0})
+    row = ledger.trial(trial)
+    assert (row.state, row.verdict, row.reasons) == ("judged", "REVERT", ["x"])
+    assert [e.state for e in ledger.events(trial)] == ["planned", "judged"]
+    assert ledger.runs(trial)[0]["summary"] == {"output_tok_s": 1.0}
+    # a second connection (another flagtrial process) sees the same ledger
+    assert Ledger(tmp_path / "l.db").trial(trial).verdict == "REVERT"
+
+
+def test_corrupt_ledger_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(LedgerError, match="ledger"):
+        Ledger(path)
+
+
+def test_newer_schema_refused(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    Ledger(path).db.execute("PRAGMA user_version=99")
+    with pytest.raises(LedgerError, match="newer"):
+        Ledger(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("unit = ", "not valid TOML"),
+        ('target = "process"', "unit: Field required"),
+        ('unit = "x.service"\nbogus = 1', "bogus: Extra inputs are not permitted"),
+        ('unit = "x.service"\n[workload]\nconcurrency = []', "workload.concurrency"),
+        ('unit = "x.service"\n[policy]\nruns = 1', "policy.runs"),
+    ],
+)
+def test_malformed_project_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "flagtrial.toml"
+    path.write_text(text)
+    with pytest.raises(ProjectError, match=message):
+        load_project(path)
+
+
+def test_missing_project_file(tmp_path: Path) -> None:
+    with pytest.raises(ProjectError, match="flagtrial init"):
+        load_project(tmp_path / "flagtrial.toml")

@@ -1,0 +1,201 @@
+"""Whole trials on a real llama-server under the process target: verdicts, rollback, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from flagtrial.demo import write_unit
+from flagtrial.engines import make_engine
+from flagtrial.launch.change import Change, Edit
+from flagtrial.ledger import Ledger
+from flagtrial.settings import load_project
+from flagtrial.targets import make_target
+from flagtrial.targets.process import ProcessTarget
+from flagtrial.trial import Session, Trial
+
+pytestmark = pytest.mark.slow
+
+FLAGTRIAL = [sys.executable, "-m", "flagtrial"]
+
+
+class Project:
+    def __init__(self, root: Path, port: int) -> None:
+        self.root = root
+        self.port = port
+        self.file = root / "flagtrial.toml"
+        self.unit = root / "llama.service"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*FLAGTRIAL, *args, "--project", str(self.file)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    def session(
+        self, events: list[tuple[str, str]] | None = None, on_event: object = None
+    ) -> Session:
+        project = load_project(self.file)
+        log = events if events is not None else []
+
+        def notify(state: str, detail: str) -> None:
+            log.append((state, detail))
+            if callable(on_event):
+                on_event(state, detail)
+
+        return Session(
+            project,
+            make_target(project),
+            make_engine("llamacpp"),
+            Ledger(project.ledger_path),
+            notify,
+        )
+
+    def server_pid(self) -> int | None:
+        target = ProcessTarget(self.unit, self.root / ".flagtrial" / "process")
+        return target._live_pid()
+
+    def stop(self) -> None:
+        target = ProcessTarget(self.unit, self.root / ".flagtrial" / "process")
+        asyncio.run(target.stop())
+
+
+@pytest.fixture
+def project(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterator[Project]:
+    port = free_port()
+    proj = Project(tmp_path, port)
+    write_unit(proj.unit, llama_server_bin, small_model, port)
+    proj.file.write_text(
+        f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
+        "[workload]\nconcurrency = [8]\nprompt_words = 32\nmax_tokens = 24\n"
+        "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
+        "[policy]\nruns = 3\n"
+    )
+    yield proj
+    proj.stop()
+
+
+def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Project) -> None:
+    before = project.unit.read_text()
+    result = project.cli("trial", "--add", "--cont-batching", "--set", "--parallel=-1", "--json")
+    assert result.returncode == 10, result.stderr
+    import json
+
+    outcome = json.loads(result.stdout[result.stdout.index("{\n") :])
+    assert outcome["verdict"]["decision"] == "REVERT"
+    assert outcome["facts_before"]["capacity"]["concurrent_requests"] == 8
+    assert outcome["facts_after"]["capacity"]["concurrent_requests"] == 4
+    assert any("concurrent requests 8 -> 4 (-50.0 %)" in r for r in outcome["verdict"]["reasons"])
+    # kv_unified flipped although the change never named it
+    assert any("kv_unified" in r and "implicit" in r for r in outcome["verdict"]["reasons"])
+    assert outcome["restore"]["verified"] is True
+    assert project.unit.read_text() == before
+    history = project.cli("history", "--json")
+    trials = json.loads(history.stdout)["trials"]
+    assert [t["verdict"] for t in trials] == ["REVERT"]
+    assert trials[0]["state"] == "reverted"
+
+
+def test_real_improvement_is_kept(project: Project) -> None:
+    # one slot of 1024 tokens -> eight slots of 1024: more capacity, far more throughput
+    text = project.unit.read_text().replace("--parallel 8", "--parallel 1")
+    text = text.replace("--ctx-size 8192", "--ctx-size 1024")
+    project.unit.write_text(text)
+    result = project.cli("trial", "--set", "-np=8", "--set", "-c=8192")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "KEEP" in result.stdout
+    assert "--parallel 8" in project.unit.read_text()
+    ledger = Ledger(project.root / ".flagtrial" / "ledger.db")
+    good = ledger.last_known_good(f"process:{project.unit.resolve()}")
+    assert good is not None and "--parallel 8" in good.spec_text
+    # rollback --to the first generation puts the one-slot spec back and verifies it
+    rolled = project.cli("rollback", "--to", "1")
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "verified" in rolled.stdout
+    assert project.unit.read_text() == text
+
+
+def test_unknown_flag_fails_before_anything_changes(project: Project) -> None:
+    before = project.unit.read_text()
+    result = project.cli("trial", "--add", "--paralel=4")
+    assert result.returncode == 4
+    assert "did you mean --parallel" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert project.unit.read_text() == before
+    assert project.cli("history", "--json").stdout.count('"verdict"') == 0
+
+
+def test_crash_at_start_rolls_back(project: Project) -> None:
+    before = project.unit.read_text()
+    result = project.cli("trial", "--set", "--model=/nonexistent/model.gguf")
+    assert result.returncode == 10, result.stdout + result.stderr
+    assert "server crashed at start" in result.stdout
+    assert "failed to open GGUF file" in result.stdout
+    assert project.unit.read_text() == before
+    assert project.server_pid() is not None
+
+
+def test_never_ready_rolls_back(project: Project) -> None:
+    # The candidate serves on another port: alive, but never ready where we look.
+    project.file.write_text(
+        project.file.read_text().replace("ready_timeout_s = 30", "ready_timeout_s = 3")
+    )
+    result = project.cli("trial", "--set", f"--port={free_port()}")
+    assert result.returncode == 10, result.stdout + result.stderr
+    assert "not ready" in result.stdout
+    assert "verified" in result.stdout
+
+
+def test_server_killed_mid_measurement_rolls_back(project: Project) -> None:
+    def kill_candidate(state: str, detail: str) -> None:
+        if state == "measuring":
+            pid = project.server_pid()
+            assert pid is not None
+            os.killpg(pid, signal.SIGKILL)
+
+    session = project.session(on_event=kill_candidate)
+    change = Change(edits=[Edit(op="set", name="--threads", value="1")])
+    outcome = asyncio.run(Trial(session, change).run())
+    assert outcome.verdict.decision == "REVERT"
+    assert "server died during the candidate measurement" in outcome.verdict.reasons[0]
+    assert outcome.restore is not None and outcome.restore.verified
+
+
+def test_port_in_use_is_a_clear_error(project: Project) -> None:
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", project.port))
+        squatter.listen()
+        result = project.cli("facts")
+    assert result.returncode == 7
+    assert "couldn't bind" in result.stderr
+
+
+def test_missing_binary_and_missing_unit(project: Project, llama_server_bin: Path) -> None:
+    text = project.unit.read_text()
+    project.unit.write_text(text.replace(str(llama_server_bin), "/opt/none/llama-server"))
+    result = project.cli("trial", "--add", "--cont-batching")
+    assert result.returncode == 5
+    assert "cannot start /opt/none/llama-server" in result.stderr
+    project.unit.unlink()
+    result = project.cli("trial", "--add", "--cont-batching")
+    assert result.returncode == 3
+    assert "does not exist" in result.stderr
+
+
+def test_malformed_unit_is_a_clear_error(project: Project) -> None:
+    project.unit.write_text('[Service]\nExecStart=/bin/true "unterminated\n')
+    result = project.cli("facts")
+    assert result.returncode == 3
+    assert len(result.stderr.strip().splitlines()) == 1
