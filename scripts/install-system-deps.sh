@@ -2,7 +2,8 @@
 # Debian packages flagtrial's build and tests need; installs only what is missing.
 set -euo pipefail
 need=()
-for pkg in python3 python3-venv python3-dev cmake g++ make git libgomp1 curl iproute2; do
+# systemd: its own unit parser checks our ExecStart quoting (tests); util-linux: setpriv, flock.
+for pkg in python3 python3-venv python3-dev cmake g++ make git libgomp1 curl iproute2 systemd util-linux; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0

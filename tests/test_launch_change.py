@@ -41,7 +41,7 @@ def llama(llama_server_bin: Path) -> FlagSchema:
 
 def test_from_cli_forms() -> None:
     change = Change.from_cli(
-        add=["--cont-batching", "--alias x y"],
+        add=["--cont-batching", "--alias x y", "-a=  padded"],
         set_=["--parallel=4", "--ctx-size 8192", "-np -1"],
         remove=["--mlock"],
         env=["OMP_NUM_THREADS=1", "EMPTY="],
@@ -54,6 +54,7 @@ def test_from_cli_forms() -> None:
         Edit(op="set", name="-np", value="-1"),
         Edit(op="add", name="--cont-batching"),
         Edit(op="add", name="--alias", value="x y"),
+        Edit(op="add", name="-a", value="  padded"),
         Edit(op="setenv", name="OMP_NUM_THREADS", value="1"),
         Edit(op="setenv", name="EMPTY", value=""),
         Edit(op="unsetenv", name="HF_HOME"),

@@ -215,7 +215,7 @@ def preflight(
     async def body() -> None:
         _, session = open_session(project)
         spec = await session.target.read_spec()
-        schema = await session.engine.flag_schema(session.target, spec.argv)
+        schema = await session.engine.flag_schema(session.target, spec.program)
         candidate = apply_change(spec, change, schema)
         for line in change.describe().splitlines():
             ui.console.print(f"  {line}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -176,7 +177,7 @@ class Trial:
     async def run(self) -> TrialOutcome:
         s = self.s
         good, spec, facts_before = await s.known_good()
-        schema = await s.engine.flag_schema(s.target, spec.argv)
+        schema = await s.engine.flag_schema(s.target, spec.program)
         candidate = apply_change(spec, self.change, schema)
         named = set().union(
             *(s.engine.settings_for_flag(f) for f in names_touched(self.change, schema))
@@ -268,14 +269,16 @@ class Trial:
         restore = None
         if keep and facts_after is not None:
             s.ledger.mark_known_good(candidate_gen.id, facts_after.model_dump())
-            self._step("kept", f"generation {candidate_gen.id} is now known-good")
+            self._step(
+                "kept", f"generation {candidate_gen.id} is now known-good", finished_at=time.time()
+            )
         else:
             self._step("reverting", f"restoring generation {good.id}")
             restore = await s.restore(good)
             self._step(
                 "reverted",
                 _restore_detail(restore),
-                finished_at=_now(),
+                finished_at=time.time(),
                 record_json={
                     **_record(verdict, facts_before, facts_after, diff),
                     "restore": restore.model_dump(),
@@ -286,7 +289,6 @@ class Trial:
                     f"restored generation {good.id} but its facts differ: "
                     + "; ".join(restore.mismatches)
                 )
-        s.ledger.step(self.trial_id, "kept" if keep else "reverted", "done", finished_at=_now())
         return TrialOutcome(
             trial_id=self.trial_id,
             verdict=verdict,
@@ -317,9 +319,3 @@ def _record(
         "facts_after": after.model_dump() if after else None,
         "diff": diff.model_dump() if diff else None,
     }
-
-
-def _now() -> float:
-    import time
-
-    return time.time()

@@ -14,7 +14,8 @@ from flagtrial.ledger import Event, Generation, TrialRow
 from flagtrial.trial import Restore, TrialOutcome
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# soft_wrap: an error is one line, whatever the terminal width
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
 

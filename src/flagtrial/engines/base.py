@@ -35,8 +35,8 @@ class Engine(Protocol):
         """The resolved-settings keys a flag sets (to tell named from implicit changes)."""
         ...
 
-    async def flag_schema(self, target: Target, argv: list[str]) -> FlagSchema:
-        """The engine's own flag schema, from the program the spec runs."""
+    async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
+        """The engine's own flag schema, from the program the spec runs (`spec.program`)."""
         ...
 
 

@@ -111,5 +111,5 @@ class LlamaCppEngine:
     def settings_for_flag(self, canonical_flag: str) -> set[str]:
         return FLAG_SETTINGS.get(canonical_flag, set())
 
-    async def flag_schema(self, target: Target, argv: list[str]) -> FlagSchema:
-        return await help_schema(target, self.name, argv[:1])
+    async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
+        return await help_schema(target, self.name, program)

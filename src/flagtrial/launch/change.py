@@ -42,10 +42,11 @@ class Edit(BaseModel):
 
 def _split_flag(item: str) -> tuple[str, str | None]:
     """`--parallel=4`, `--parallel 4`, `-np 4` or `--cont-batching` -> (name, value)."""
-    m = re.fullmatch(r"\s*(-[^\s=]+)(?:[=\s]\s*(.*))?", item, re.S)
+    m = re.fullmatch(r"\s*(-[^\s=]+)(?:=(.*)|\s+(.*))?", item, re.S)
     if not m or m.group(1).strip("-") == "":
         raise ChangeError(f"not a flag: {item!r} (flags start with - or --)")
-    return m.group(1), m.group(2)
+    # After `=` the value is taken verbatim; after a space, from its first non-space.
+    return m.group(1), m.group(2) if m.group(2) is not None else m.group(3)
 
 
 def _shown(word: str) -> str:

@@ -583,6 +583,12 @@ class LaunchSpec(BaseModel):
         return n
 
     @property
+    def program(self) -> list[str]:
+        """The words that start the engine, runnable as a command (`@`'s argv[0] dropped)."""
+        words = self.argv[: self.program_words]
+        return [words[0], *words[2:]] if "@" in self.prefix else words
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment= assignments (or a command's leading NAME=value words), later wins."""
         return dict(self._parsed.env)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
-from flagtrial.launch.execwords import expand_words
+from flagtrial.launch.execwords import expand_env, expand_words
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import HostFacts, ServerState
 from flagtrial.targets.hostfacts import collect_host_facts
@@ -136,14 +136,16 @@ class ProcessTarget:
                     continue
                 raise TargetError(f"EnvironmentFile {path} does not exist")
             env.update(read_env_file(path))
-        env.update(spec.env)
+        env.update(expand_env(spec.env))
         return env
 
     async def restart(self) -> str:
         spec = await self.read_spec()
         await self.stop()
         env = self._environment(spec)
-        argv = expand_words(spec.argv, env, substitute_env=not spec.prefix.count(":"))
+        argv = expand_words(spec.argv, env, substitute_env=":" not in spec.prefix)
+        # With systemd's `@` prefix the first word is the path and the second is argv[0].
+        executable, argv = (argv[0], argv[1:]) if "@" in spec.prefix else (argv[0], argv)
         with open(self.log_path, "ab") as log:
             mark = log.tell()
             log.write(
@@ -153,6 +155,7 @@ class ProcessTarget:
             try:
                 self._child = subprocess.Popen(
                     argv,
+                    executable=executable,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -161,7 +164,7 @@ class ProcessTarget:
                     cwd=self.spec_path.parent,
                 )
             except OSError as e:
-                raise TargetError(f"cannot start {argv[0]}: {e.strerror}") from e
+                raise TargetError(f"cannot start {executable}: {e.strerror}") from e
         ticks = _proc_start_ticks(self._child.pid)
         self.pid_file.write_text(json.dumps({"pid": self._child.pid, "start_ticks": ticks}))
         return str(mark)

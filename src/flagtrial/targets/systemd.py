@@ -336,18 +336,19 @@ class SystemdTarget:
             f"systemctl restart {self.unit}",
         )
         self._mark = mark
-        # The queued job may not have run yet: until the old instance is gone, state() would
-        # still report it running and a readiness check would talk to the old server.
+        # The queued job runs at systemd's idle priority, so a query may be answered before
+        # it starts: until then state() would report the old instance running, and a
+        # readiness check would pass on the old server. Wait until the job has begun.
         deadline = time.monotonic() + self.restart_timeout_s
         while True:
             now = await self._show(("InvocationID", "ActiveState"))
             if now.get("InvocationID") != before.get("InvocationID") or now.get(
                 "ActiveState"
-            ) not in ("active", "reloading", "deactivating"):
+            ) not in ("active", "reloading"):
                 return mark
             if time.monotonic() > deadline:
                 raise TargetError(
-                    f"{self.unit} on {self._runner.where} did not stop within "
+                    f"{self.unit} on {self._runner.where} did not begin restarting within "
                     f"{self.restart_timeout_s:g}s"
                 )
             await asyncio.sleep(POLL_S)
