@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import json
 import shutil
+import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 
 from flagtrial import ui
-from flagtrial.engines import make_engine
+from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
 from flagtrial.errors import FlagtrialError
 from flagtrial.launch.change import Change, apply_change
 from flagtrial.ledger import Ledger
@@ -37,6 +40,13 @@ T = TypeVar("T")
 
 ProjectOpt = Annotated[Path, typer.Option("--project", "-p", help="the project file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+AcceptNewOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-key",
+        help="ssh: trust and record an unknown host's key (a changed key is always refused)",
+    ),
+]
 AddOpt = Annotated[
     list[str] | None, typer.Option("--add", help="add a flag: '--cont-batching', '-np=4'")
 ]
@@ -51,27 +61,41 @@ UnsetEnvOpt = Annotated[
 
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
-    """Run a command body; a FlagtrialError becomes one line on stderr and its exit code."""
+    """Run a command body; a FlagtrialError becomes one line on stderr and its exit code.
+
+    Ctrl-C and SIGTERM cancel the body, whose own cleanup (a trial's rollback) runs before
+    the exit with 130; a second Ctrl-C stops at once and leaves the journal to `recover`.
+    """
+
+    async def guarded() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await body()
+
     try:
-        return asyncio.run(body())
+        return asyncio.run(guarded())
     except FlagtrialError as e:
         ui.err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        ui.err_console.print("interrupted")
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        ui.err_console.print("interrupted: the server is back on its known-good spec")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def open_session(project_path: Path) -> tuple[Project, Session]:
+@contextlib.asynccontextmanager
+async def open_session(
+    project_path: Path, *, accept_new_host_key: bool = False
+) -> AsyncIterator[Session]:
     project = load_project(project_path)
+    target = make_target(project, accept_new_host_key=accept_new_host_key)
     session = Session(
-        project,
-        make_target(project),
-        make_engine(project.engine),
-        Ledger(project.ledger_path),
-        ui.notify,
+        project, target, make_engine(project.engine), Ledger(project.ledger_path), ui.notify
     )
-    return project, session
+    try:
+        yield session
+    finally:
+        await session.close()
 
 
 def make_change(
@@ -100,11 +124,13 @@ def emit_json(data: Any) -> None:
 INIT_TEMPLATE = """\
 # flagtrial project file. Relative paths resolve against this file's folder.
 
-# Where the server runs: "process" (a child process on this machine).
+# Where the server runs: "process" (a child process on this machine), "local" (a systemd
+# unit on this machine) or "ssh://user@host[:port]" (a systemd unit there).
 target = "{target}"
-# The unit file holding the server's launch spec (ExecStart=, Environment=, EnvironmentFile=).
+# The unit holding the launch spec (ExecStart=, Environment=, EnvironmentFile=): for "process"
+# a unit file's path, for systemd targets the unit's name.
 unit = "{unit}"
-# What the server is: "llamacpp".
+# What the server is: "llamacpp", "sglang" or "vllm".
 engine = "{engine}"
 # The server's HTTP API.
 endpoint = "{endpoint}"
@@ -112,6 +138,15 @@ endpoint = "{endpoint}"
 ready_timeout_s = 120
 # The ledger of generations and trials.
 ledger = ".flagtrial/ledger.db"
+# systemd targets: edit a drop-in instead of the unit itself
+# spec_path = "/etc/systemd/system/{unit}.d/flags.conf"
+
+[ssh]
+# known_hosts = "~/.ssh/known_hosts"   # host keys are always checked
+# accept_new_host_key = false          # trust an unknown host once (a changed key is refused)
+# identity_file = "~/.ssh/id_ed25519"  # default: ssh-agent and ~/.ssh/id_*
+# ssh_config = "~/.ssh/config"         # host aliases, ProxyJump
+# proxy_jump = "user@bastion"
 
 [workload]
 api = "completions"          # or "chat"
@@ -140,22 +175,76 @@ on_inconclusive = "revert"         # or "keep"
 
 @app.command()
 def init(
-    unit: Annotated[str, typer.Option(help="the unit file holding the launch spec")],
-    engine: Annotated[str, typer.Option(help="llamacpp")] = "llamacpp",
-    endpoint: Annotated[str, typer.Option(help="the server's base URL")] = "http://127.0.0.1:8080",
-    target: Annotated[str, typer.Option(help="process")] = "process",
+    unit: Annotated[
+        str | None, typer.Option(help="process: the unit file's path; systemd: the unit's name")
+    ] = None,
+    from_unit: Annotated[
+        str | None,
+        typer.Option(
+            "--from-unit",
+            help="read a live unit: local:UNIT or ssh://user@host[:port]:UNIT",
+        ),
+    ] = None,
+    engine: Annotated[str | None, typer.Option(help="llamacpp, sglang or vllm")] = None,
+    endpoint: Annotated[str | None, typer.Option(help="the server's base URL")] = None,
+    target: Annotated[str, typer.Option(help="process, local or ssh://...")] = "process",
     project: ProjectOpt = Path(PROJECT_FILE),
     force: Annotated[bool, typer.Option(help="overwrite an existing project file")] = False,
+    accept_new: AcceptNewOpt = False,
 ) -> None:
-    """Write a commented project file."""
+    """Write a commented project file, from options or from a live unit."""
     if project.exists() and not force:
         ui.err_console.print(f"[red]error:[/red] {project} exists (use --force to overwrite)")
         raise typer.Exit(2)
+    if from_unit:
+        target, unit = _split_host_unit(from_unit)
+        found_engine, found_endpoint = run(lambda: _inspect_unit(target, unit, accept_new))
+        engine = engine or found_engine
+        endpoint = endpoint or found_endpoint
+    if not unit:
+        raise typer.BadParameter("give --unit or --from-unit")
+    engine = engine or "llamacpp"
+    endpoint = endpoint or f"http://127.0.0.1:{DEFAULT_PORTS.get(engine, 8080)}"
     project.write_text(
         INIT_TEMPLATE.format(target=target, unit=unit, engine=engine, endpoint=endpoint)
     )
     load_project(project)
-    ui.console.print(f"wrote {project}")
+    ui.console.print(f"wrote {project}: {engine} at {endpoint}, unit {unit} on {target}")
+
+
+def _split_host_unit(text: str) -> tuple[str, str]:
+    host, sep, unit = text.rpartition(":")
+    if not sep or not host or not unit:
+        raise typer.BadParameter(f"--from-unit {text!r}: expected local:UNIT or ssh://HOST:UNIT")
+    if host != "local" and not host.startswith("ssh://"):
+        host = f"ssh://{host}"
+    return host, unit
+
+
+async def _inspect_unit(target: str, unit: str, accept_new: bool) -> tuple[str, str]:
+    """The engine and endpoint a live unit runs, read from its ExecStart."""
+    live = Project(target=target, unit=unit)
+    host = make_target(live, accept_new_host_key=accept_new)
+    try:
+        spec = await host.read_spec()
+    finally:
+        await host.aclose()
+    engine = detect_engine(spec.argv)
+    if engine is None:
+        raise FlagtrialError(f"{unit}: cannot tell the engine from {spec.argv[:3]} (use --engine)")
+    address, port = _flag_value(spec.argv, "--host"), _flag_value(spec.argv, "--port")
+    if address in (None, "0.0.0.0", "::"):
+        address = urlsplit(target).hostname if target.startswith("ssh://") else "127.0.0.1"
+    return engine, f"http://{address}:{port or DEFAULT_PORTS[engine]}"
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(flag + "="):
+            return word.split("=", 1)[1]
+    return None
 
 
 @app.command()
@@ -182,20 +271,21 @@ def trial(
     unset_env: UnsetEnvOpt = None,
     project: ProjectOpt = Path(PROJECT_FILE),
     json_out: JsonOpt = False,
+    accept_new: AcceptNewOpt = False,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> int:
-        _, session = open_session(project)
-        async with session.target.lock("flagtrial trial"):
-            outcome = await Trial(session, change).run()
-        if json_out:
-            emit_json(outcome.model_dump())
-        else:
-            ui.show_outcome(outcome)
-        return EXIT_VERDICT[outcome.verdict.decision]
+        async with open_session(project, accept_new_host_key=accept_new) as session:
+            async with session.target.lock("flagtrial trial"):
+                outcome = await Trial(session, change).run()
+            if json_out:
+                emit_json(outcome.model_dump())
+            else:
+                ui.show_outcome(outcome)
+            return EXIT_VERDICT[outcome.verdict.decision]
 
     raise typer.Exit(run(body))
 
@@ -208,25 +298,26 @@ def preflight(
     env: EnvOpt = None,
     unset_env: UnsetEnvOpt = None,
     project: ProjectOpt = Path(PROJECT_FILE),
+    accept_new: AcceptNewOpt = False,
 ) -> None:
     """Validate a change against the engine's own flags and show the candidate; deploys nothing."""
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> None:
-        _, session = open_session(project)
-        spec = await session.target.read_spec()
-        schema = await session.engine.flag_schema(session.target, spec.program)
-        candidate = apply_change(spec, change, schema)
-        for line in change.describe().splitlines():
-            ui.console.print(f"  {line}")
-        diff = difflib.unified_diff(
-            spec.text.splitlines(keepends=True),
-            candidate.text.splitlines(keepends=True),
-            "known-good",
-            "candidate",
-        )
-        ui.console.print("".join(diff), markup=False)
-        ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
+        async with open_session(project, accept_new_host_key=accept_new) as session:
+            spec = await session.target.read_spec()
+            schema = await session.engine.flag_schema(session.target, spec.program)
+            candidate = apply_change(spec, change, schema)
+            for line in change.describe().splitlines():
+                ui.console.print(f"  {line}")
+            diff = difflib.unified_diff(
+                spec.text.splitlines(keepends=True),
+                candidate.text.splitlines(keepends=True),
+                "known-good",
+                "candidate",
+            )
+            ui.console.print("".join(diff), markup=False)
+            ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
 
     run(body)
 
@@ -235,48 +326,54 @@ def preflight(
 def rollback(
     to: Annotated[int | None, typer.Option("--to", help="generation to restore")] = None,
     project: ProjectOpt = Path(PROJECT_FILE),
+    accept_new: AcceptNewOpt = False,
 ) -> None:
     """Restore the last known-good generation (or --to GEN), restart, verify its facts."""
 
     async def body() -> None:
-        _, session = open_session(project)
-        async with session.target.lock("flagtrial rollback"):
-            gen = (
-                session.ledger.generation(to)
-                if to is not None
-                else session.ledger.last_known_good(session.target.name)
+        async with open_session(project, accept_new_host_key=accept_new) as session:
+            async with session.target.lock("flagtrial rollback"):
+                await session.recover()
+                gen = (
+                    session.ledger.generation(to)
+                    if to is not None
+                    else session.ledger.last_known_good(session.target.name)
+                )
+                if gen is None:
+                    raise FlagtrialError("the ledger has no known-good generation for this target")
+                if gen.target != session.target.name:
+                    raise FlagtrialError(f"generation {gen.id} belongs to {gen.target}")
+                restore = await session.restore(gen)
+                if restore.verified or gen.facts is None:
+                    session.ledger.mark_known_good(gen.id, restore.facts.model_dump())
+            ui.console.print(
+                ui.restore_line(restore)
+                if gen.facts
+                else f"restored generation {gen.id} (no recorded facts to verify against)"
             )
-            if gen is None:
-                raise FlagtrialError("the ledger has no known-good generation for this target")
-            if gen.target != session.target.name:
-                raise FlagtrialError(f"generation {gen.id} belongs to {gen.target}")
-            restore = await session.restore(gen)
-            if restore.verified or gen.facts is None:
-                session.ledger.mark_known_good(gen.id, restore.facts.model_dump())
-        ui.console.print(
-            ui.restore_line(restore)
-            if gen.facts
-            else f"restored generation {gen.id} (no recorded facts to verify against)"
-        )
-        if gen.facts and not restore.verified:
-            raise typer.Exit(9)
+            if gen.facts and not restore.verified:
+                raise typer.Exit(9)
 
     run(body)
 
 
 @app.command()
-def facts(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
+def facts(
+    project: ProjectOpt = Path(PROJECT_FILE),
+    json_out: JsonOpt = False,
+    accept_new: AcceptNewOpt = False,
+) -> None:
     """Read what the running server reports about itself, next to the known-good."""
 
     async def body() -> None:
-        _, session = open_session(project)
-        good, _, known = await session.known_good()
-        if json_out:
-            emit_json({"generation": good.id, "facts": known.model_dump()})
-            return
-        ui.console.print(ui.facts_table(known, title=f"facts of generation {good.id}"))
-        for key, value in known.settings.items():
-            ui.console.print(f"  {key} = {value!r}")
+        async with open_session(project, accept_new_host_key=accept_new) as session:
+            good, _, known = await session.known_good()
+            if json_out:
+                emit_json({"generation": good.id, "facts": known.model_dump()})
+                return
+            ui.console.print(ui.facts_table(known, title=f"facts of generation {good.id}"))
+            for key, value in known.settings.items():
+                ui.console.print(f"  {key} = {value!r}")
 
     run(body)
 
@@ -349,25 +446,27 @@ def demo(
     project_path = prepare(workdir, port or free_port())
 
     async def body() -> int:
-        _, session = open_session(project_path)
-        target = session.target
-        assert isinstance(target, ProcessTarget)
-        try:
-            async with target.lock("flagtrial demo"):
-                good, _, known = await session.known_good()
-                ui.console.print(ui.facts_table(known, title=f"known-good generation {good.id}"))
-                ui.console.print("candidate change:")
-                for line in DEMO_CHANGE.describe().splitlines():
-                    ui.console.print(f"  {line}")
-                outcome = await Trial(session, DEMO_CHANGE).run()
-                ui.show_outcome(outcome)
-        finally:
-            await target.stop()
-        ui.console.print(
-            f"ledger: {session.project.ledger_path}  (try: flagtrial history -p "
-            f"{project_path}; flagtrial show {outcome.trial_id} -p {project_path})"
-        )
-        return EXIT_VERDICT[outcome.verdict.decision]
+        async with open_session(project_path) as session:
+            target = session.target
+            assert isinstance(target, ProcessTarget)
+            try:
+                async with target.lock("flagtrial demo"):
+                    good, _, known = await session.known_good()
+                    ui.console.print(
+                        ui.facts_table(known, title=f"known-good generation {good.id}")
+                    )
+                    ui.console.print("candidate change:")
+                    for line in DEMO_CHANGE.describe().splitlines():
+                        ui.console.print(f"  {line}")
+                    outcome = await Trial(session, DEMO_CHANGE).run()
+                    ui.show_outcome(outcome)
+            finally:
+                await target.stop()
+            ui.console.print(
+                f"ledger: {session.project.ledger_path}  (try: flagtrial history -p "
+                f"{project_path}; flagtrial show {outcome.trial_id} -p {project_path})"
+            )
+            return EXIT_VERDICT[outcome.verdict.decision]
 
     verdict = run(body)
     # The demo succeeds when flagtrial reached the right answer: REVERT.

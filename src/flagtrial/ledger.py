@@ -17,6 +17,9 @@ from flagtrial.errors import LedgerError
 
 SCHEMA_VERSION = 1
 
+# A trial in any other state was cut off before it finished: the next command recovers it.
+FINISHED_STATES = ("kept", "reverted", "aborted", "recovered")
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS generations (
   id INTEGER PRIMARY KEY,
@@ -244,6 +247,14 @@ class Ledger:
     def trials(self, target: str | None = None) -> list[TrialRow]:
         rows = self.db.execute(
             "SELECT * FROM trials WHERE (? IS NULL OR target=?) ORDER BY id", (target, target)
+        ).fetchall()
+        return [self._trial(r) for r in rows]
+
+    def unfinished_trials(self, target: str) -> list[TrialRow]:
+        marks = ",".join("?" * len(FINISHED_STATES))
+        rows = self.db.execute(
+            f"SELECT * FROM trials WHERE target=? AND state NOT IN ({marks}) ORDER BY id",
+            (target, *FINISHED_STATES),
         ).fetchall()
         return [self._trial(r) for r in rows]
 

@@ -50,16 +50,36 @@ class Policy(BaseModel):
     )
 
 
+class Ssh(BaseModel):
+    """How to reach an ssh:// target. Host keys are always checked against known_hosts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    known_hosts: str | None = Field(None, description="default ~/.ssh/known_hosts")
+    accept_new_host_key: bool = Field(
+        False, description="trust and record an unknown host's key (a changed key never is)"
+    )
+    identity_file: str | None = Field(None, description="default: ssh-agent and ~/.ssh/id_*")
+    ssh_config: str | None = Field(None, description="default ~/.ssh/config (aliases, ProxyJump)")
+    proxy_jump: str | None = Field(None, description="a bastion: [user@]host[:port]")
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+
 class Project(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target: str = Field(
         "process",
-        description="'process' (child process here), 'local' (systemd here) or ssh://user@host[:port]",
+        description="'process' (a child process here), 'local' (systemd here) "
+        "or ssh://user@host[:port] (systemd there)",
     )
     unit: str = Field(
-        description="the unit file (process target: a local file path) holding the launch spec"
+        description="process target: the unit file's path; systemd targets: the unit's name"
     )
+    spec_path: str | None = Field(
+        None, description="systemd targets: the file to edit, e.g. a drop-in UNIT.d/flags.conf"
+    )
+    ssh: Ssh = Field(default_factory=Ssh)
     engine: Literal["llamacpp", "sglang", "vllm"] = "llamacpp"
     endpoint: str = Field("http://127.0.0.1:8080", description="base URL of the server's HTTP API")
     ready_timeout_s: float = Field(
@@ -73,6 +93,13 @@ class Project(BaseModel):
 
     # Where the project file lives; relative paths resolve against it.
     root: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        if v in ("process", "local") or v.startswith("ssh://"):
+            return v
+        raise ValueError("must be 'process', 'local' or ssh://user@host[:port]")
 
     @field_validator("endpoint")
     @classmethod

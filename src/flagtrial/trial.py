@@ -85,9 +85,43 @@ class Session:
                 client, self.project.endpoint, await self.target.logs_since(mark)
             )
 
+    async def close(self) -> None:
+        await self.target.aclose()
+        self.ledger.close()
+
+    async def recover(self) -> None:
+        """Finish what a killed flagtrial left: a trial judged KEEP is promoted, any other
+        unfinished trial is rolled back to its baseline and verified."""
+        for trial in self.ledger.unfinished_trials(self.target.name):
+            self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
+            facts_after = trial.record.get("facts_after")
+            if trial.verdict == "KEEP" and trial.candidate_gen and facts_after:
+                installed = await self.target.read_spec()
+                candidate = self.ledger.generation(trial.candidate_gen)
+                if installed.sha256 == candidate.spec_sha256:
+                    self.ledger.mark_known_good(candidate.id, facts_after)
+                    self.ledger.step(
+                        trial.id, "kept", "recovered: promotion finished", finished_at=time.time()
+                    )
+                    continue
+            restore = await self.restore(self.ledger.generation(trial.baseline_gen))
+            self.ledger.step(
+                trial.id,
+                "recovered",
+                "recovered: " + _restore_detail(restore),
+                finished_at=time.time(),
+            )
+            self.notify("recovered", _restore_detail(restore))
+            if not restore.verified:
+                raise RollbackError(
+                    f"recovered trial {trial.id}, but the facts differ: "
+                    + "; ".join(restore.mismatches)
+                )
+
     async def known_good(self) -> tuple[Generation, LaunchSpec, Facts]:
         """The known-good generation, running and read. The installed spec becomes the baseline
         when the ledger has none, or when someone changed the spec outside flagtrial."""
+        await self.recover()
         spec = await self.target.read_spec()
         installed = self.ledger.record_generation(self.target.name, spec.text, note="installed")
         good = self.ledger.last_known_good(self.target.name)
@@ -115,7 +149,8 @@ class Session:
     async def restore(self, gen: Generation) -> Restore:
         """Install a generation, restart, and verify the server reports its known facts again."""
         installed = await self.target.read_spec()
-        await self.target.install_spec(installed.model_copy(update={"text": gen.spec_text}))
+        spec = LaunchSpec(kind=installed.kind, text=gen.spec_text, dropin=installed.dropin)
+        await self.target.install_spec(spec)
         facts = await self.restart_and_read()
         expected = Facts.model_validate(gen.facts) if gen.facts else None
         mismatches = verify_facts(expected, facts) if expected else []

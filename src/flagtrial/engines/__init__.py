@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from flagtrial.engines.base import Engine
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.errors import ProjectError
+
+# Each engine's default HTTP port, for a project file written from a live unit.
+DEFAULT_PORTS = {"llamacpp": 8080, "sglang": 30000, "vllm": 8000}
 
 
 def make_engine(name: str) -> Engine:
     if name == "llamacpp":
         return LlamaCppEngine()
     raise ProjectError(f"engine {name!r} is not supported yet (use 'llamacpp')")
+
+
+def detect_engine(argv: list[str]) -> str | None:
+    """Which engine a command line starts, from its program words."""
+    words = [PurePath(w).name for w in argv[:4]]
+    if any(w.startswith("llama-server") for w in words):
+        return "llamacpp"
+    if any(w.startswith("sglang") for w in words):
+        return "sglang"
+    if any(w == "vllm" or w.startswith("vllm.") for w in words):
+        return "vllm"
+    return None

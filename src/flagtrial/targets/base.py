@@ -69,6 +69,10 @@ class Target(Protocol):
 
     async def host_facts(self) -> HostFacts: ...
 
+    async def aclose(self) -> None:
+        """Release connections; the server itself keeps running."""
+        ...
+
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         """Run a command on the server's host; returns (exit code, stdout and stderr)."""
         ...

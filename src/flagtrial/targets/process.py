@@ -221,3 +221,6 @@ class ProcessTarget:
 
     async def host_facts(self) -> HostFacts:
         return await collect_host_facts(self.run)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the server is detached and outlives this command by design."""
