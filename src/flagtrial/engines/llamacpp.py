@@ -77,6 +77,7 @@ class LlamaCppEngine:
         settings.update(
             n_ctx_train=meta.get("n_ctx_train"),
             model_path=props.get("model_path"),
+            model_alias=props.get("model_alias"),
             model_ftype=props.get("model_ftype"),
         )
         capacity = {

@@ -1,0 +1,178 @@
+"""Whole trials against a real systemd host over SSH (an nspawn container on 10.200.12.0/24):
+the seed story, a crash at start, hostile values, and the SSH link cut mid-trial."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from flagtrial.engines import make_engine
+from flagtrial.errors import TargetError
+from flagtrial.launch.change import Change, Edit
+from flagtrial.ledger import Ledger
+from flagtrial.settings import load_project
+from flagtrial.targets import make_target
+from flagtrial.trial import Session, Trial
+from hosts import TEST_KEY, SystemdHost, llama_unit, require_root, shared_dir_with, systemd_host
+
+pytestmark = pytest.mark.slow
+
+N = 12  # this module's container: ft-12 at 10.200.12.2
+UNIT_PATH = "/etc/systemd/system/llama.service"
+KNOWN_GOOD = llama_unit("-np 8", extra_service="Restart=on-failure\nRestartSec=0.2\n")
+
+
+@pytest.fixture(scope="module")
+def host(
+    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
+) -> Iterator[SystemdHost]:
+    require_root()
+    shared = shared_dir_with(tmp_path_factory.mktemp("shared"), llama_server_bin, tiny_model)
+    with systemd_host(N, shared, tmp_path_factory.mktemp("ft-host")) as h:
+        yield h
+
+
+@pytest.fixture
+def project(host: SystemdHost, tmp_path: Path) -> Path:
+    host.reset_unit("llama.service")
+    host.install_unit("llama.service", KNOWN_GOOD)
+    path = tmp_path / "flagtrial.toml"
+    path.write_text(
+        f'target = "{host.url}"\nunit = "llama.service"\nendpoint = "{host.endpoint}"\n'
+        "ready_timeout_s = 30\n"
+        f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
+        'ssh_config = "/dev/null"\n'
+        "[workload]\nconcurrency = [8]\nprompt_words = 32\nmax_tokens = 32\n"
+        "requests_per_run = 16\nwarmup_requests = 2\nrun_timeout_s = 60\n"
+        "[policy]\nruns = 3\n"
+    )
+    return path
+
+
+def cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run(
+        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def session(project: Path, on_event: Callable[[str, str], None] | None = None) -> Session:
+    proj = load_project(project)
+
+    def notify(state: str, detail: str) -> None:
+        if on_event:
+            on_event(state, detail)
+
+    return Session(
+        proj, make_target(proj), make_engine("llamacpp"), Ledger(proj.ledger_path), notify
+    )
+
+
+async def run_trial(s: Session, change: Change):  # type: ignore[no-untyped-def]
+    try:
+        async with s.target.lock("test"):
+            return await Trial(s, change).run()
+    finally:
+        await s.close()
+
+
+def test_seed_story_over_ssh(host: SystemdHost, project: Path) -> None:
+    result = cli(project, "trial", "--add", "--cont-batching", "--set", "--parallel=-1", "--json")
+    assert result.returncode == 10, result.stdout + result.stderr
+    outcome = json.loads(result.stdout[result.stdout.index("{\n") :])
+    reasons = outcome["verdict"]["reasons"]
+    assert any("concurrent requests 8 -> 4 (-50.0 %)" in r for r in reasons)
+    assert outcome["restore"]["verified"] is True
+    assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
+    assert host.sh("systemctl is-active llama.service").stdout.strip() == "active"
+
+
+def test_crash_at_start_over_ssh_rolls_back(host: SystemdHost, project: Path) -> None:
+    result = cli(project, "trial", "--set", "--model=/opt/shared/missing.gguf")
+    assert result.returncode == 10, result.stdout + result.stderr
+    # The unit restarts on failure: the crash is caught from systemd and the journal,
+    # not by waiting out the readiness timeout.
+    assert "server crashed at start" in result.stdout
+    assert "not ready" not in result.stdout
+    assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
+    assert host.sh("systemctl is-active llama.service").stdout.strip() == "active"
+
+
+def test_hostile_value_reaches_the_server_literally(host: SystemdHost, project: Path) -> None:
+    hostile = "$(touch /tmp/pwned); reboot `id` %n"
+    host.sh("rm -f /tmp/pwned")
+    s = session(project)
+    outcome = asyncio.run(
+        run_trial(s, Change(edits=[Edit(op="add", name="--alias", value=hostile)]))
+    )
+    assert outcome.facts_after is not None
+    assert outcome.facts_after.settings["model_alias"] == hostile
+    assert host.sh("test -e /tmp/pwned", check=False).returncode == 1
+    assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
+
+
+@pytest.mark.parametrize("cut_at", ["installing", "restarting"])
+def test_ssh_cut_mid_trial_then_next_command_restores(
+    host: SystemdHost, project: Path, cut_at: str
+) -> None:
+    """sshd dies right before the install (or the restart): the unit on the host is the old
+    text or the new, never partial, and the next command restores the known-good."""
+    def cut(state: str, detail: str) -> None:
+        if state == cut_at:
+            host.kill_ssh_sessions()
+            host.sh("systemctl stop ssh.socket ssh.service 2>/dev/null; true")
+
+    s = session(project, cut)
+    change = Change(edits=[Edit(op="set", name="--parallel", value="2")])
+    with pytest.raises(TargetError):
+        asyncio.run(run_trial(s, change))
+    text = host.read(UNIT_PATH).decode()
+    assert text == KNOWN_GOOD or text == KNOWN_GOOD.replace("-np 8", "-np 2")
+    host.sh("systemctl start ssh.service")
+    history = json.loads(cli(project, "history", "--json").stdout)
+    assert [t["state"] for t in history["trials"]] != ["reverted"]
+    result = cli(project, "facts")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left unfinished" in result.stdout
+    assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
+    history = json.loads(cli(project, "history", "--json").stdout)
+    assert [t["state"] for t in history["trials"]] == ["recovered"]
+
+
+def test_wrong_host_key_and_held_lock_are_refused(
+    host: SystemdHost, project: Path, tmp_path: Path
+) -> None:
+    s = session(project)
+
+    async def second_trial_while_locked() -> str:
+        try:
+            async with s.target.lock("laptop-1"):
+                result = await asyncio.to_thread(cli, project, "trial", "--add", "--cont-batching")
+                return result.stderr + f"rc={result.returncode}"
+        finally:
+            await s.close()
+
+    out = asyncio.run(second_trial_while_locked())
+    assert "rc=6" in out and "laptop-1" in out
+
+    wrong = tmp_path / "known_hosts"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "k"], check=True
+    )
+    key = (tmp_path / "k.pub").read_text().split()
+    wrong.write_text(f"{host.addr} {key[0]} {key[1]}\n")
+    project.write_text(project.read_text().replace(str(host.known_hosts), str(wrong)))
+    result = cli(project, "facts")
+    assert result.returncode == 5
+    assert "changed" in result.stderr and len(result.stderr.strip().splitlines()) == 1
