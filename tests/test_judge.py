@@ -116,3 +116,11 @@ def test_named_settings_are_not_implicit() -> None:
     assert [c.name for c in diff.explicit] == ["n_slots"]
     assert diff.worst_capacity_loss() is not None
     assert diff.worst_capacity_loss().pct == -50.0
+
+
+def test_short_outputs_are_called_out() -> None:
+    diff = diff_facts(facts(8), facts(8), set())
+    base = runs([300 * x for x in NOISE])
+    base[8][0] = base[8][0].model_copy(update={"n_short": 3})
+    verdict = judge(Policy(), diff, base, runs([300 * x for x in NOISE]))
+    assert any("3 known-good requests returned fewer tokens" in r for r in verdict.reasons)

@@ -143,6 +143,18 @@ def test_prompt_over_context_counts_http_errors(run_llama_server, tiny_model: Pa
 
 
 @pytest.mark.slow
+def test_outputs_cut_by_a_full_slot_are_counted_short(run_llama_server, tiny_model: Path) -> None:
+    url = run_llama_server(tiny_model, "-t", "1", "-c", "128", "-np", "1")
+    w = Workload(prompt_words=8, max_tokens=400, warmup_requests=0, run_timeout_s=60)
+    s = run_level_sync(url, w, concurrency=1, n_requests=2).summary
+    assert (s.n_ok, s.n_short) == (2, 2)
+    assert s.output_tokens < 2 * 400
+
+    roomy = Workload(prompt_words=8, max_tokens=16, warmup_requests=0, run_timeout_s=60)
+    assert run_level_sync(url, roomy, concurrency=1, n_requests=2).summary.n_short == 0
+
+
+@pytest.mark.slow
 def test_run_bound_cancels_and_counts_in_flight(run_llama_server, small_model: Path) -> None:
     url = run_llama_server(small_model, "-t", "1", "-c", "4096", "-np", "2")
     w = Workload(prompt_words=16, max_tokens=1024, warmup_requests=0, run_timeout_s=0.3)
@@ -192,7 +204,9 @@ def test_server_killed_mid_run_gives_errors(
     s = result.summary
     assert s.n_requests == 6 and s.n_ok == 0
     assert set(s.errors) <= {"connection lost", "connection refused", "stream ended early"}
-    assert s.errors.get("connection refused", 0) >= 4  # the requests sent after the kill
+    # Requests sent after the kill are refused; how many were already connected when it came
+    # depends on timing, so only their presence is asserted.
+    assert s.errors.get("connection refused", 0) >= 1
 
 
 @pytest.mark.slow

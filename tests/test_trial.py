@@ -199,3 +199,35 @@ def test_malformed_unit_is_a_clear_error(project: Project) -> None:
     result = project.cli("facts")
     assert result.returncode == 3
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_lock_refused_then_broken(project: Project) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, sys\n"
+            "from pathlib import Path\n"
+            "from flagtrial.targets.process import ProcessTarget\n"
+            "async def hold():\n"
+            "    t = ProcessTarget(Path(sys.argv[1]), Path(sys.argv[2]))\n"
+            "    async with t.lock('laptop-1'):\n"
+            "        print('held', flush=True)\n"
+            "        await asyncio.sleep(300)\n"
+            "asyncio.run(hold())\n",
+            str(project.unit),
+            str(project.root / ".flagtrial" / "process"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        result = project.cli("trial", "--add", "--cont-batching")
+        assert result.returncode == 6
+        assert "locked by laptop-1" in result.stderr
+        assert "broke the lock held by laptop-1" in project.cli("unlock").stdout
+        assert holder.wait(timeout=10) == -signal.SIGKILL
+        assert "the lock was free" in project.cli("unlock").stdout
+    finally:
+        holder.kill()

@@ -128,6 +128,7 @@ def test_ssh_cut_mid_trial_then_next_command_restores(
 ) -> None:
     """sshd dies right before the install (or the restart): the unit on the host is the old
     text or the new, never partial, and the next command restores the known-good."""
+
     def cut(state: str, detail: str) -> None:
         if state == cut_at:
             host.kill_ssh_sessions()
@@ -165,6 +166,20 @@ def test_wrong_host_key_and_held_lock_are_refused(
 
     out = asyncio.run(second_trial_while_locked())
     assert "rc=6" in out and "laptop-1" in out
+
+    # A holder that is stuck (alive but gone for us) is broken explicitly.
+    stuck = session(project)
+
+    async def break_while_held() -> str:
+        try:
+            async with stuck.target.lock("laptop-2"):
+                result = await asyncio.to_thread(cli, project, "unlock")
+                return result.stdout
+        finally:
+            await stuck.close()
+
+    assert "broke the lock held by laptop-2" in asyncio.run(break_while_held())
+    assert "the lock was free" in cli(project, "unlock").stdout
 
     wrong = tmp_path / "known_hosts"
     subprocess.run(

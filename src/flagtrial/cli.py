@@ -21,7 +21,7 @@ from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
 from flagtrial.errors import FlagtrialError
 from flagtrial.launch.change import Change, apply_change
 from flagtrial.ledger import Ledger
-from flagtrial.settings import PROJECT_FILE, Project, load_project
+from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
@@ -142,9 +142,9 @@ ledger = ".flagtrial/ledger.db"
 # spec_path = "/etc/systemd/system/{unit}.d/flags.conf"
 
 [ssh]
-# known_hosts = "~/.ssh/known_hosts"   # host keys are always checked
+{known_hosts}known_hosts = "{known_hosts_path}"   # host keys are always checked
 # accept_new_host_key = false          # trust an unknown host once (a changed key is refused)
-# identity_file = "~/.ssh/id_ed25519"  # default: ssh-agent and ~/.ssh/id_*
+{identity}identity_file = "{identity_path}"  # default: ssh-agent and ~/.ssh/id_*
 # ssh_config = "~/.ssh/config"         # host aliases, ProxyJump
 # proxy_jump = "user@bastion"
 
@@ -190,15 +190,21 @@ def init(
     target: Annotated[str, typer.Option(help="process, local or ssh://...")] = "process",
     project: ProjectOpt = Path(PROJECT_FILE),
     force: Annotated[bool, typer.Option(help="overwrite an existing project file")] = False,
+    known_hosts: Annotated[Path | None, typer.Option(help="ssh: known_hosts file")] = None,
+    identity_file: Annotated[Path | None, typer.Option(help="ssh: private key")] = None,
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Write a commented project file, from options or from a live unit."""
+    ssh = Ssh(
+        known_hosts=str(known_hosts.resolve()) if known_hosts else None,
+        identity_file=str(identity_file.resolve()) if identity_file else None,
+    )
     if project.exists() and not force:
         ui.err_console.print(f"[red]error:[/red] {project} exists (use --force to overwrite)")
         raise typer.Exit(2)
     if from_unit:
         target, unit = _split_host_unit(from_unit)
-        found_engine, found_endpoint = run(lambda: _inspect_unit(target, unit, accept_new))
+        found_engine, found_endpoint = run(lambda: _inspect_unit(target, unit, ssh, accept_new))
         engine = engine or found_engine
         endpoint = endpoint or found_endpoint
     if not unit:
@@ -206,7 +212,16 @@ def init(
     engine = engine or "llamacpp"
     endpoint = endpoint or f"http://127.0.0.1:{DEFAULT_PORTS.get(engine, 8080)}"
     project.write_text(
-        INIT_TEMPLATE.format(target=target, unit=unit, engine=engine, endpoint=endpoint)
+        INIT_TEMPLATE.format(
+            target=target,
+            unit=unit,
+            engine=engine,
+            endpoint=endpoint,
+            known_hosts="" if ssh.known_hosts else "# ",
+            known_hosts_path=ssh.known_hosts or "~/.ssh/known_hosts",
+            identity="" if ssh.identity_file else "# ",
+            identity_path=ssh.identity_file or "~/.ssh/id_ed25519",
+        )
     )
     load_project(project)
     ui.console.print(f"wrote {project}: {engine} at {endpoint}, unit {unit} on {target}")
@@ -221,9 +236,9 @@ def _split_host_unit(text: str) -> tuple[str, str]:
     return host, unit
 
 
-async def _inspect_unit(target: str, unit: str, accept_new: bool) -> tuple[str, str]:
+async def _inspect_unit(target: str, unit: str, ssh: Ssh, accept_new: bool) -> tuple[str, str]:
     """The engine and endpoint a live unit runs, read from its ExecStart."""
-    live = Project(target=target, unit=unit)
+    live = Project(target=target, unit=unit, ssh=ssh)
     host = make_target(live, accept_new_host_key=accept_new)
     try:
         spec = await host.read_spec()
@@ -353,6 +368,18 @@ def rollback(
             )
             if gen.facts and not restore.verified:
                 raise typer.Exit(9)
+
+    run(body)
+
+
+@app.command()
+def unlock(project: ProjectOpt = Path(PROJECT_FILE), accept_new: AcceptNewOpt = False) -> None:
+    """Break the trial lock of a holder that is gone (kills the process holding it)."""
+
+    async def body() -> None:
+        async with open_session(project, accept_new_host_key=accept_new) as session:
+            held_by = await session.target.break_lock()
+        ui.console.print(f"broke the lock held by {held_by}" if held_by else "the lock was free")
 
     run(body)
 

@@ -154,6 +154,14 @@ def judge(
                 f"guardrail {policy.error_rate_max:.1%}"
             )
 
+    for arm, arm_runs in (("known-good", baseline), ("candidate", candidate)):
+        short = sum(r.n_short for runs in arm_runs.values() for r in runs)
+        if short:
+            reasons.append(
+                f"warning: {short} {arm} requests returned fewer tokens than max_tokens "
+                "(the server cut them, e.g. a full slot context): throughput compares unequal work"
+            )
+
     ttft = _find(found, "ttft_p99", level)
     if ttft and ttft.lo_pct > policy.ttft_p99_worse_max_pct:
         costs.append(

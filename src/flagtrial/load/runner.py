@@ -84,7 +84,8 @@ async def run_level(
         records = await _closed_loop(
             client, workload, concurrency, range(n_warmup, n_warmup + n), seed
         )
-    return RunResult(summary=summarize(records, concurrency), records=records)
+    max_tokens = workload.max_tokens if workload.ignore_eos else None
+    return RunResult(summary=summarize(records, concurrency, max_tokens), records=records)
 
 
 def run_level_sync(

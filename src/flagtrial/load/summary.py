@@ -37,6 +37,9 @@ class RunSummary(BaseModel):
     itl_p99: float | None
     e2e_p50: float | None
     errors: dict[str, int]  # error message -> count
+    # Successful requests that returned fewer than max_tokens tokens: the server cut them
+    # (e.g. the slot's context filled up), so throughput compares unequal work.
+    n_short: int = 0
 
 
 def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
@@ -45,7 +48,9 @@ def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | N
     return [float(v) for v in np.percentile(values, qs, method="linear")]
 
 
-def summarize(records: Sequence[RequestRecord], concurrency: int) -> RunSummary:
+def summarize(
+    records: Sequence[RequestRecord], concurrency: int, max_tokens: int | None = None
+) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
     n_errors = len(records) - len(ok)
@@ -72,4 +77,5 @@ def summarize(records: Sequence[RequestRecord], concurrency: int) -> RunSummary:
         itl_p99=itl[2],
         e2e_p50=e2e_p50,
         errors=dict(Counter(r.error for r in records if r.error is not None)),
+        n_short=sum(1 for r in ok if max_tokens is not None and r.output_tokens < max_tokens),
     )

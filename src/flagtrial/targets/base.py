@@ -67,6 +67,10 @@ class Target(Protocol):
         """Held for a whole trial; a second holder gets LockHeldError naming the first."""
         ...
 
+    async def break_lock(self) -> str | None:
+        """Break the trial lock of a stuck holder; returns who held it (None: nobody)."""
+        ...
+
     async def host_facts(self) -> HostFacts: ...
 
     async def aclose(self) -> None:

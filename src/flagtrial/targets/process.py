@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -196,13 +197,32 @@ class ProcessTarget:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 held_by = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-                raise LockHeldError(f"{self.name} is locked by {held_by}") from None
+                raise LockHeldError(
+                    f"{self.name} is locked by {held_by} (if that holder is gone: flagtrial unlock)"
+                ) from None
             info = f"{holder} (pid {os.getpid()} on {socket.gethostname()})"
             os.ftruncate(fd, 0)
             os.pwrite(fd, info.encode(), 0)
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock, also when we are killed
+
+    async def break_lock(self) -> str | None:
+        """A local flock dies with its holder, so only a live holder can hold it: kill it."""
+        path = self.state_dir / "trial.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return None
+            except BlockingIOError:
+                held_by = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
+        if m := re.search(r"\(pid (\d+) on ", held_by):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(m[1]), signal.SIGKILL)
+        return held_by or "an unknown holder"
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         try:

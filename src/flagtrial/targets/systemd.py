@@ -67,7 +67,13 @@ LOCK_SCRIPT = (
     'exec 2>&1; mkdir -p -- "$(dirname -- "$1")" && '
     'exec flock -n -E 75 -- "$1" sh -c "$2" sh "$3" "$4"'
 )
-HOLD_SCRIPT = 'printf "%s\\n" "$2" >"$1"; echo locked; exec cat'
+# The holder file names the holder and, on its second line, the PID that holds the flock
+# (`exec cat` keeps $$), so a stuck holder can be broken explicitly.
+HOLD_SCRIPT = 'printf "%s\\n%s\\n" "$2" "$$" >"$1"; echo locked; exec cat'
+BREAK_SCRIPT = (
+    'flock -n -- "$1" true && exit 3; '
+    'pid=$(sed -n 2p -- "$2"); [ -n "$pid" ] && kill -KILL "$pid" && head -n 1 -- "$2"'
+)
 
 
 @dataclass(frozen=True)
@@ -413,7 +419,9 @@ class SystemdTarget:
         if rc == LOCK_BUSY:
             r = await self._runner.exec(["cat", "--", self.holder_path])
             by = first_line(r.stdout, "an unknown holder")
-            raise LockHeldError(f"{self.name} is locked by {by}")
+            raise LockHeldError(
+                f"{self.name} is locked by {by} (if that holder is gone: flagtrial unlock)"
+            )
         raise TargetError(
             f"cannot take the lock {self.lock_path} on {self._runner.where}: {line or f'exit {rc}'}"
         )
@@ -436,6 +444,15 @@ class SystemdTarget:
             if held is not None and held.alive():
                 with contextlib.suppress(Exception):
                     await held.release()
+
+    async def break_lock(self) -> str | None:
+        """Kill the process holding the trial lock; returns who held it, None when nobody did."""
+        r = await self._exec(["sh", "-c", BREAK_SCRIPT, "sh", self.lock_path, self.holder_path])
+        if r.returncode == 3:
+            return None
+        if r.returncode != 0:
+            raise TargetError(f"cannot break the lock {self.lock_path} on {self._runner.where}")
+        return first_line(r.stdout, "an unknown holder")
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         r = await self._exec(argv, timeout_s=timeout_s, merge_stderr=True)
