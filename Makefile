@@ -1,8 +1,9 @@
 # flagtrial: `make demo` runs the seed story on a local llama-server; `make test` runs every test.
 PYTHON ?= python3
 VENV := .venv
-CACHE ?= $(HOME)/.cache/flagtrial
-LLAMA_SERVER := $(CACHE)/llama-server-0.3.36/llama-server
+# Where built llama-server, the test container root and downloaded wheels are cached.
+export FLAGTRIAL_CACHE ?= $(HOME)/.cache/flagtrial
+LLAMA_SERVER := $(FLAGTRIAL_CACHE)/llama-server-0.3.36/llama-server
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint system-deps llama-server clean
