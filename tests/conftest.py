@@ -107,3 +107,12 @@ def run_llama_server(llama_server_bin: Path, tmp_path: Path) -> Iterator:
 
 def have(cmd: str) -> bool:
     return shutil.which(cmd) is not None
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from faultfigures import lines
+
+    if lines():
+        terminalreporter.section("fault injection")
+        for line in lines():
+            terminalreporter.write_line(line)

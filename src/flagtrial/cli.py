@@ -20,7 +20,7 @@ from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
 from flagtrial.errors import FlagtrialError
 from flagtrial.launch.change import Change, apply_change
-from flagtrial.ledger import Ledger
+from flagtrial.ledger import FINISHED_STATES, Ledger
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
@@ -373,6 +373,54 @@ def rollback(
 
 
 @app.command()
+def recover(project: ProjectOpt = Path(PROJECT_FILE), accept_new: AcceptNewOpt = False) -> None:
+    """Finish what a killed flagtrial left: roll an unfinished trial back (or finish a KEEP)
+    and verify the server's facts. Safe to run again, and to kill and rerun."""
+
+    async def body() -> None:
+        async with (
+            open_session(project, accept_new_host_key=accept_new) as session,
+            session.target.lock("flagtrial recover"),
+        ):
+            unfinished = session.ledger.unfinished_trials(session.target.name)
+            await session.recover()
+        ui.console.print(
+            f"recovered {len(unfinished)} unfinished trial(s)"
+            if unfinished
+            else "nothing to recover"
+        )
+
+    run(body)
+
+
+ledger_app = typer.Typer(help="Move the ledger between machines as JSON.")
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("export")
+def ledger_export(out: Path, project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+    """Write every generation, trial, journal event and run to a JSON file."""
+    ledger = Ledger(load_project(project).ledger_path)
+    out.write_text(json.dumps(ledger.export(), indent=1))
+    ui.console.print(f"wrote {out}")
+
+
+@ledger_app.command("import")
+def ledger_import(src: Path, project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+    """Load an exported ledger into this project's (new, empty) ledger."""
+    try:
+        data = json.loads(src.read_text())
+        rows = Ledger(load_project(project).ledger_path).import_(data)
+    except FlagtrialError as e:
+        ui.err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(e.exit_code) from None
+    except (OSError, ValueError) as e:
+        ui.err_console.print(f"[red]error:[/red] cannot read {src}: {e}")
+        raise typer.Exit(8) from None
+    ui.console.print(f"imported {rows} records from {src}")
+
+
+@app.command()
 def unlock(project: ProjectOpt = Path(PROJECT_FILE), accept_new: AcceptNewOpt = False) -> None:
     """Break the trial lock of a holder that is gone (kills the process holding it)."""
 
@@ -423,6 +471,11 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
     ids = {g.id for g in current.values() if g}
     ui.console.print(ui.generations_table(gens, next(iter(ids), None) if len(ids) == 1 else None))
     ui.console.print(ui.history_table(trials, gens))
+    for t in trials:
+        if t.state not in FINISHED_STATES:
+            ui.console.print(
+                f"[yellow]trial {t.id} is unfinished ({t.state}): run `flagtrial recover`[/yellow]"
+            )
 
 
 @app.command()

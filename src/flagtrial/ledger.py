@@ -295,3 +295,37 @@ class Ledger:
             started_at=row["started_at"],
             finished_at=row["finished_at"],
         )
+
+    # moving between machines
+
+    TABLES = ("generations", "trials", "events", "runs")
+
+    def export(self) -> dict[str, Any]:
+        """Every row of every table, as JSON-ready dicts, with the schema version."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            **{
+                table: [dict(r) for r in self.db.execute(f"SELECT * FROM {table} ORDER BY id")]
+                for table in self.TABLES
+            },
+        }
+
+    def import_(self, data: dict[str, Any]) -> int:
+        """Load an export into this (empty) ledger in one transaction; returns rows written."""
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise LedgerError(
+                f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
+            )
+        if self.db.execute("SELECT COUNT(*) FROM generations").fetchone()[0]:
+            raise LedgerError(f"ledger {self.path} is not empty: import into a new one")
+        written = 0
+        with self.tx() as db:
+            for table in self.TABLES:
+                for row in data.get(table, []):
+                    cols = ", ".join(row)
+                    marks = ", ".join("?" * len(row))
+                    db.execute(
+                        f"INSERT INTO {table} ({cols}) VALUES ({marks})", tuple(row.values())
+                    )
+                    written += 1
+        return written

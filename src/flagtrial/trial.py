@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from flagtrial.engines.base import Engine, wait_ready
 from flagtrial.errors import FlagtrialError, RollbackError, ServerNotReadyError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
+from flagtrial.faults import checkpoint
 from flagtrial.judge import Verdict, capacity_breach, judge
 from flagtrial.launch.change import Change, apply_change, names_touched
 from flagtrial.launch.spec import LaunchSpec
@@ -151,6 +152,7 @@ class Session:
         installed = await self.target.read_spec()
         spec = LaunchSpec(kind=installed.kind, text=gen.spec_text, dropin=installed.dropin)
         await self.target.install_spec(spec)
+        checkpoint("restore-installed")
         facts = await self.restart_and_read()
         expected = Facts.model_validate(gen.facts) if gen.facts else None
         mismatches = verify_facts(expected, facts) if expected else []
@@ -174,10 +176,15 @@ class Trial:
         self.s = session
         self.change = change
         self.trial_id = 0
+        # True once the server is on a judged spec (kept candidate or verified restore):
+        # from then on an interruption must not revert anything.
+        self._settled = False
 
     def _step(self, state: str, detail: str = "", **fields: Any) -> None:
+        """Journal a step before acting on it (write-ahead), then announce it."""
         self.s.ledger.step(self.trial_id, state, detail, **fields)
         self.s.notify(state, detail)
+        checkpoint(state)
 
     async def _measure(self, arm: str) -> dict[int, list[RunSummary]]:
         project = self.s.project
@@ -201,6 +208,7 @@ class Trial:
                 self.s.ledger.add_run(
                     self.trial_id, arm, level, run_index, result.summary.model_dump()
                 )
+                checkpoint(f"{arm}-run-{run_index + 1}")
                 self.s.notify(
                     "run",
                     f"{arm} c={level} run {run_index + 1}/{project.policy.runs}: "
@@ -267,18 +275,24 @@ class Trial:
             verdict = judge(s.project.policy, diff, baseline, cand)
             return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
         except BaseException as e:
-            # Ctrl-C, a crash of flagtrial's own code, a lost server: never leave the candidate.
-            if installed:
-                with contextlib.suppress(BaseException):
-                    s.notify(
-                        "reverting",
-                        f"interrupted ({type(e).__name__}): restoring generation {good.id}",
-                    )
-                    restore = await asyncio.shield(s.restore(good))
-                    self._step("reverted", _restore_detail(restore))
-            else:
-                with contextlib.suppress(BaseException):
+            # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
+            if not installed:
+                with contextlib.suppress(Exception):
                     self._step("aborted", f"{type(e).__name__}: {e}")
+                raise
+            if self._settled:
+                raise
+            with contextlib.suppress(Exception):
+                self._step(
+                    "reverting", f"interrupted ({type(e).__name__}): restoring generation {good.id}"
+                )
+            try:
+                restore = await asyncio.shield(s.restore(good))
+            except Exception:
+                # The journal stays unfinished; the next command recovers from it.
+                raise e from None
+            with contextlib.suppress(Exception):
+                self._step("reverted", _restore_detail(restore), finished_at=time.time())
             raise
 
     async def _finish(
@@ -304,12 +318,14 @@ class Trial:
         restore = None
         if keep and facts_after is not None:
             s.ledger.mark_known_good(candidate_gen.id, facts_after.model_dump())
+            self._settled = True
             self._step(
                 "kept", f"generation {candidate_gen.id} is now known-good", finished_at=time.time()
             )
         else:
             self._step("reverting", f"restoring generation {good.id}")
             restore = await s.restore(good)
+            self._settled = True
             self._step(
                 "reverted",
                 _restore_detail(restore),

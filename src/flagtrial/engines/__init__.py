@@ -8,14 +8,18 @@ from flagtrial.engines.base import Engine
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.errors import ProjectError
 
+ENGINES: dict[str, type[Engine]] = {
+    "llamacpp": LlamaCppEngine,
+}
+
 # Each engine's default HTTP port, for a project file written from a live unit.
 DEFAULT_PORTS = {"llamacpp": 8080, "sglang": 30000, "vllm": 8000}
 
 
 def make_engine(name: str) -> Engine:
-    if name == "llamacpp":
-        return LlamaCppEngine()
-    raise ProjectError(f"engine {name!r} is not supported yet (use 'llamacpp')")
+    if name not in ENGINES:
+        raise ProjectError(f"engine {name!r} is not supported (use {', '.join(ENGINES)})")
+    return ENGINES[name]()
 
 
 def detect_engine(argv: list[str]) -> str | None:

@@ -10,6 +10,7 @@ import httpx
 
 from flagtrial.errors import ServerNotReadyError
 from flagtrial.facts import Facts
+from flagtrial.faults import checkpoint
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
@@ -64,6 +65,7 @@ async def wait_ready(
                     ready = False
                 if ready and (await target.state()).status == "running":
                     return time.monotonic() - start
+            checkpoint("waiting")
             if time.monotonic() - start > timeout_s:
                 raise ServerNotReadyError(f"server not ready at {base_url} within {timeout_s:g}s")
             await asyncio.sleep(POLL_S)
