@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import os
 import signal
 import socket
@@ -90,7 +92,6 @@ def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Pro
     before = project.unit.read_text()
     result = project.cli("trial", "--add", "--cont-batching", "--set", "--parallel=-1", "--json")
     assert result.returncode == 10, result.stderr
-    import json
 
     outcome = json.loads(result.stdout[result.stdout.index("{\n") :])
     assert outcome["verdict"]["decision"] == "REVERT"
@@ -231,3 +232,43 @@ def test_lock_refused_then_broken(project: Project) -> None:
         assert "the lock was free" in project.cli("unlock").stdout
     finally:
         holder.kill()
+
+
+def test_locked_ledger_changes_nothing(project: Project) -> None:
+    assert project.cli("facts").returncode == 0
+    before = project.unit.read_text()
+
+    holder = sqlite3.connect(project.root / ".flagtrial" / "ledger.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = project.cli("trial", "--set", "--parallel=-1")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert result.returncode == 8, result.stdout + result.stderr
+    assert "locked" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert project.unit.read_text() == before
+    assert project.cli("history", "--json").stdout.count('"verdict"') == 0
+
+
+def test_ledger_export_import_round_trip(project: Project, tmp_path: Path) -> None:
+    result = project.cli("trial", "--set", "--parallel=-1")
+    assert result.returncode == 10, result.stdout + result.stderr
+    exported = tmp_path / "ledger.json"
+    assert project.cli("ledger", "export", str(exported)).returncode == 0
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "flagtrial.toml").write_text(project.file.read_text())
+    moved = subprocess.run(
+        [*FLAGTRIAL, "ledger", "import", str(exported), "--project", str(other / "flagtrial.toml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    again = subprocess.run(
+        [*FLAGTRIAL, "ledger", "import", str(exported), "--project", str(other / "flagtrial.toml")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert again.returncode == 8 and "not empty" in again.stderr
+    original = json.loads(exported.read_text())
+    copy = Ledger(other / ".flagtrial" / "ledger.db").export()
+    assert copy == original

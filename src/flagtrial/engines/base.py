@@ -52,6 +52,7 @@ async def wait_ready(
     start = time.monotonic()
     async with httpx.AsyncClient(timeout=2.0) as client:
         while True:
+            checkpoint("waiting")
             state = await target.state()
             if state.status == "failed" or state.restart_loop:
                 log = await target.logs_since(mark)
@@ -65,7 +66,6 @@ async def wait_ready(
                     ready = False
                 if ready and (await target.state()).status == "running":
                     return time.monotonic() - start
-            checkpoint("waiting")
             if time.monotonic() - start > timeout_s:
                 raise ServerNotReadyError(f"server not ready at {base_url} within {timeout_s:g}s")
             await asyncio.sleep(POLL_S)

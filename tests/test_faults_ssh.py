@@ -1,0 +1,149 @@
+"""Crash safety against a real systemd host over SSH (nspawn container on 10.200.14.0/24):
+flagtrial killed at step boundaries, and the SSH link cut at each remote step. Afterwards
+`flagtrial recover` must leave the known-good unit byte for byte, serving its known facts,
+with nothing lost from the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from faultfigures import record
+from flagtrial.engines import make_engine
+from flagtrial.errors import TargetError
+from flagtrial.launch.change import Change, Edit
+from flagtrial.ledger import Ledger
+from flagtrial.settings import load_project
+from flagtrial.targets import make_target
+from flagtrial.trial import Session, Trial
+from hosts import TEST_KEY, SystemdHost, llama_unit, require_root, shared_dir_with, systemd_host
+
+pytestmark = pytest.mark.slow
+
+N = 14
+UNIT_PATH = "/etc/systemd/system/llama.service"
+KNOWN_GOOD = llama_unit("-np 8")
+CHANGE = ("--set", "--parallel=-1")
+
+
+@pytest.fixture(scope="module")
+def host(
+    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
+) -> Iterator[SystemdHost]:
+    require_root()
+    shared = shared_dir_with(tmp_path_factory.mktemp("shared"), llama_server_bin, tiny_model)
+    with systemd_host(N, shared, tmp_path_factory.mktemp("ft-host")) as h:
+        yield h
+
+
+@pytest.fixture
+def project(host: SystemdHost, tmp_path: Path) -> Path:
+    host.sh("systemctl start ssh.service")
+    host.reset_unit("llama.service")
+    host.install_unit("llama.service", KNOWN_GOOD)
+    path = tmp_path / "flagtrial.toml"
+    path.write_text(
+        f'target = "{host.url}"\nunit = "llama.service"\nendpoint = "{host.endpoint}"\n'
+        "ready_timeout_s = 30\n"
+        f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
+        'ssh_config = "/dev/null"\nconnect_timeout_s = 5\n'
+        "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
+        "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n[policy]\nruns = 2\n"
+    )
+    return path
+
+
+def cli(project: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": faults}
+    return subprocess.run(
+        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+
+
+def capacity(project: Path) -> dict[str, float]:
+    result = cli(project, "facts", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout[result.stdout.index("{\n") :])["facts"]["capacity"]
+
+
+def rows(project: Path) -> int:
+    ledger = Ledger(load_project(project).ledger_path)
+    try:
+        data = ledger.export()
+        return sum(len(data[t]) for t in ("trials", "events", "runs"))
+    finally:
+        ledger.close()
+
+
+def recover_and_check(host: SystemdHost, project: Path, known: dict[str, float], kind: str) -> None:
+    before = rows(project)
+    result = cli(project, "recover")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ok = host.read(UNIT_PATH) == KNOWN_GOOD.encode() and capacity(project) == known
+    lost = max(0, before - rows(project))
+    record(kind, ok, lost)
+    assert ok and lost == 0
+    assert json.loads(cli(project, "history", "--json").stdout)["trials"][-1]["state"] in (
+        "recovered",
+        "reverted",
+    )
+
+
+@pytest.mark.parametrize("point", ["installing", "restarting", "waiting", "candidate-run-1",
+                                   "reverting", "restore-installed"])  # fmt: skip
+def test_killed_over_ssh_recovers(host: SystemdHost, project: Path, point: str) -> None:
+    known = capacity(project)
+    result = cli(project, "trial", *CHANGE, faults=f"{point}=KILL")
+    assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
+    recover_and_check(host, project, known, "kill points")
+
+
+@pytest.mark.parametrize("cut_at", ["installing", "restarting", "ready", "facts", "measuring",
+                                    "reverting"])  # fmt: skip
+def test_ssh_cut_at_each_remote_step(host: SystemdHost, project: Path, cut_at: str) -> None:
+    known = capacity(project)
+    seen: list[str] = []
+
+    def cut(state: str, detail: str) -> None:
+        seen.append(state)
+        # "ready" comes first from the candidate's restart: cut once there, not at the
+        # baseline, and only once per trial.
+        if (
+            state == cut_at
+            and "cut" not in seen
+            and ("installing" in seen or cut_at == "installing")
+        ):
+            seen.append("cut")
+            host.kill_ssh_sessions()
+            host.sh("systemctl stop ssh.socket ssh.service 2>/dev/null; true")
+
+    proj = load_project(project)
+    session = Session(proj, make_target(proj), make_engine("llamacpp"),
+                      Ledger(proj.ledger_path), cut)  # fmt: skip
+
+    async def trial() -> None:
+        try:
+            async with session.target.lock("test"):
+                await Trial(
+                    session, Change(edits=[Edit(op="set", name="--parallel", value="-1")])
+                ).run()
+        finally:
+            await session.close()
+
+    with pytest.raises(TargetError):
+        asyncio.run(trial())
+    assert "cut" in seen
+    # never partial: the unit is the known-good or the candidate, whole
+    text = host.read(UNIT_PATH).decode()
+    assert text in (KNOWN_GOOD, KNOWN_GOOD.replace("-np 8", "-np -1"))
+    host.sh("systemctl start ssh.service")
+    recover_and_check(host, project, known, "network faults")
