@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
