@@ -79,7 +79,9 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
         ui.err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(e.exit_code) from None
     except (KeyboardInterrupt, asyncio.CancelledError):
-        ui.err_console.print("interrupted: the server is back on its known-good spec")
+        ui.err_console.print(
+            "interrupted (after a second Ctrl-C the trial is unfinished: run `flagtrial recover`)"
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
