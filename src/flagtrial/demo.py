@@ -85,6 +85,8 @@ def write_project(path: Path, unit: str, port: int) -> None:
 
 def prepare(workdir: Path, port: int) -> Path:
     """Model, unit and project file in `workdir`; returns the project file."""
+    # The unit names the model by absolute path: the server runs from the unit's folder.
+    workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model = generate_model(workdir / "demo-small.gguf", size="small", seed=1)
     write_unit(workdir / "llama-demo.service", default_llama_server(), model, port)
