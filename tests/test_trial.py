@@ -272,3 +272,18 @@ def test_ledger_export_import_round_trip(project: Project, tmp_path: Path) -> No
     original = json.loads(exported.read_text())
     copy = Ledger(other / ".flagtrial" / "ledger.db").export()
     assert copy == original
+
+
+def test_demo_reaches_revert_with_verified_restore(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "250"}
+    result = subprocess.run(
+        [*FLAGTRIAL, "demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "REVERT trial 1" in result.stdout
+    assert "concurrent requests 8 -> 4 (-50.0 %)" in result.stdout
+    assert "restored generation 1, verified" in result.stdout
+    # the demo stops its server: nothing is left running
+    pid = json.loads((tmp_path / "demo" / ".flagtrial" / "process" / "server.json").read_text())
+    assert not Path(f"/proc/{pid['pid']}").exists()
