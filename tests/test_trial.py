@@ -106,6 +106,11 @@ def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Pro
     trials = json.loads(history.stdout)["trials"]
     assert [t["verdict"] for t in trials] == ["REVERT"]
     assert trials[0]["state"] == "reverted"
+    page = project.root / "trial.html"
+    assert project.cli("report", "1", "--out", str(page)).returncode == 0
+    html = page.read_text()
+    assert "REVERT" in html and "concurrent requests" in html and "-50.0 %" in html
+    assert "plotly" in html.lower() and html.count("baseline") >= 2
 
 
 def test_real_improvement_is_kept(project: Project) -> None:

@@ -507,6 +507,22 @@ def show(
 
 
 @app.command()
+def report(
+    trial_id: int,
+    out: Annotated[Path, typer.Option("--out", "-o", help="the HTML file to write")] = Path(
+        "trial.html"
+    ),
+    project: ProjectOpt = Path(PROJECT_FILE),
+) -> None:
+    """Write one trial as an HTML page with plots of every run (JSON: `show --json`)."""
+    from flagtrial.report import render_html
+
+    proj = load_project(project)
+    out.write_text(render_html(Ledger(proj.ledger_path), trial_id))
+    ui.console.print(f"wrote {out}")
+
+
+@app.command()
 def demo(
     workdir: Annotated[Path, typer.Option("--dir", help="where the demo's files go")] = Path(
         ".flagtrial-demo"

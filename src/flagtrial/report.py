@@ -1,0 +1,72 @@
+"""Reports of a trial for people (HTML with plots) from the ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import plotly.graph_objects as go
+from jinja2 import Environment, PackageLoader, select_autoescape
+from plotly.subplots import make_subplots
+
+from flagtrial.facts import CAPACITY_LABELS
+from flagtrial.judge import METRICS, Effect
+from flagtrial.ledger import Ledger
+
+PLOTTED = ("output_tok_s", "ttft_p50", "ttft_p99", "itl_p50")
+
+
+def _plots(runs: list[dict[str, Any]]) -> str:
+    """Per-run values of each arm, one panel per metric, one x position per run."""
+    if not runs:
+        return ""
+    fig = make_subplots(rows=1, cols=len(PLOTTED), subplot_titles=[METRICS[m][0] for m in PLOTTED])
+    colours = {"baseline": "#4c78a8", "candidate": "#e45756"}
+    for col, metric in enumerate(PLOTTED, start=1):
+        for arm, colour in colours.items():
+            points = [r for r in runs if r["arm"] == arm and r["summary"].get(metric) is not None]
+            fig.add_trace(
+                go.Scatter(
+                    x=[f"c={r['concurrency']} #{r['run_index'] + 1}" for r in points],
+                    y=[r["summary"][metric] for r in points],
+                    mode="markers",
+                    name=arm,
+                    legendgroup=arm,
+                    showlegend=col == 1,
+                    marker={"color": colour, "size": 9},
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_layout(height=380, margin={"t": 60, "b": 40, "l": 40, "r": 20})
+    return "<h2>Runs</h2>" + fig.to_html(full_html=False, include_plotlyjs=True)
+
+
+def render_html(ledger: Ledger, trial_id: int) -> str:
+    trial = ledger.trial(trial_id)
+    record = trial.record
+    diff = record.get("diff") or {}
+    capacity = [
+        {"label": CAPACITY_LABELS.get(c["name"], c["name"]), "before": c["before"],
+         "after": c["after"],
+         "pct": 0.0 if not c["before"] else (c["after"] - c["before"]) / c["before"] * 100}
+        for c in diff.get("capacity", [])
+    ]  # fmt: skip
+    implicit = [f"{c['name']}: {c['before']!r} -> {c['after']!r}" for c in diff.get("implicit", [])]
+    effects = [Effect.model_validate(e) for e in (record.get("verdict") or {}).get("effects", [])]
+    env = Environment(
+        loader=PackageLoader("flagtrial", "templates"), autoescape=select_autoescape(["j2"])
+    )
+    events = [
+        {"at": time.strftime("%T", time.localtime(e.at)), "state": e.state, "detail": e.detail}
+        for e in ledger.events(trial_id)
+    ]
+    return env.get_template("trial.html.j2").render(
+        trial=trial,
+        started=time.strftime("%F %T", time.localtime(trial.started_at)),
+        capacity=capacity,
+        implicit=implicit,
+        effects=effects,
+        plots=_plots(ledger.runs(trial_id)),
+        events=events,
+    )
