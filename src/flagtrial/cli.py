@@ -19,7 +19,7 @@ import typer
 from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
 from flagtrial.errors import FlagtrialError
-from flagtrial.launch.change import Change, apply_change
+from flagtrial.launch.change import Change
 from flagtrial.ledger import FINISHED_STATES, Ledger
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
 from flagtrial.targets import make_target
@@ -323,13 +323,14 @@ def preflight(
     async def body() -> None:
         async with open_session(project, accept_new_host_key=accept_new) as session:
             spec = await session.target.read_spec()
-            schema = await session.engine.flag_schema(session.target, spec.program)
-            candidate = apply_change(spec, change, schema)
+            checked = await session.preflight(spec, change)
             for line in change.describe().splitlines():
                 ui.console.print(f"  {line}")
+            for note in checked.notes:
+                ui.console.print(f"  [yellow]note:[/yellow] {note}")
             diff = difflib.unified_diff(
                 spec.text.splitlines(keepends=True),
-                candidate.text.splitlines(keepends=True),
+                checked.candidate.text.splitlines(keepends=True),
                 "known-good",
                 "candidate",
             )

@@ -44,9 +44,11 @@ class SettingChange(BaseModel):
     before: Scalar
     after: Scalar
     named_by_change: bool
+    cause: str | None = None  # what the engine recorded as the reason, where it records one
 
     def describe(self) -> str:
-        return f"{self.name}: {self.before!r} -> {self.after!r}"
+        why = f" ({self.cause})" if self.cause else ""
+        return f"{self.name}: {self.before!r} -> {self.after!r}{why}"
 
 
 class FactsDiff(BaseModel):
@@ -77,7 +79,11 @@ def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDi
         if old == new:
             continue
         change = SettingChange(
-            name=key, before=old, after=new, named_by_change=key in named_settings
+            name=key,
+            before=old,
+            after=new,
+            named_by_change=key in named_settings,
+            cause=after.sources.get(key),
         )
         (explicit if change.named_by_change else implicit).append(change)
     return FactsDiff(capacity=capacity, implicit=implicit, explicit=explicit)

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from jinja2 import Environment, PackageLoader, select_autoescape
 from plotly.subplots import make_subplots
 
-from flagtrial.facts import CAPACITY_LABELS
+from flagtrial.facts import CAPACITY_LABELS, SettingChange
 from flagtrial.judge import METRICS, Effect
 from flagtrial.ledger import Ledger
 
@@ -52,7 +52,7 @@ def render_html(ledger: Ledger, trial_id: int) -> str:
          "pct": 0.0 if not c["before"] else (c["after"] - c["before"]) / c["before"] * 100}
         for c in diff.get("capacity", [])
     ]  # fmt: skip
-    implicit = [f"{c['name']}: {c['before']!r} -> {c['after']!r}" for c in diff.get("implicit", [])]
+    implicit = [SettingChange.model_validate(c).describe() for c in diff.get("implicit", [])]
     effects = [Effect.model_validate(e) for e in (record.get("verdict") or {}).get("effects", [])]
     env = Environment(
         loader=PackageLoader("flagtrial", "templates"), autoescape=select_autoescape(["j2"])

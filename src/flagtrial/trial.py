@@ -10,12 +10,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
 from flagtrial.engines.base import Engine, wait_ready
+from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import FlagtrialError, RollbackError, ServerNotReadyError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.faults import checkpoint
@@ -33,6 +35,13 @@ Notify = Callable[[str, str], None]
 
 class ServerDiedError(FlagtrialError):
     exit_code = 7
+
+
+@dataclass(frozen=True)
+class Preflight:
+    candidate: LaunchSpec
+    notes: list[str]  # deprecations and the like: shown, not fatal
+    named_settings: set[str]
 
 
 class Restore(BaseModel):
@@ -54,10 +63,11 @@ class TrialOutcome(BaseModel):
     restore: Restore | None
 
 
-def verify_facts(expected: Facts, actual: Facts) -> list[str]:
-    """Mismatches between two fact sets: capacity and resolved settings must match exactly."""
+def verify_facts(expected: Facts, actual: Facts, tolerance_pct: float = 0.0) -> list[str]:
+    """Mismatches between two fact sets: capacity within the engine's tolerance, resolved
+    settings exactly."""
     diff = diff_facts(expected, actual, set())
-    return [c.describe() for c in diff.capacity if c.pct != 0] + [
+    return [c.describe() for c in diff.capacity if abs(c.pct) > tolerance_pct] + [
         s.describe() for s in diff.implicit
     ]
 
@@ -147,6 +157,15 @@ class Session:
         self.ledger.mark_known_good(installed.id, facts.model_dump())
         return self.ledger.generation(installed.id), spec, facts
 
+    async def preflight(self, spec: LaunchSpec, change: Change) -> Preflight:
+        """Everything knowable before a deploy: the candidate, checked against the engine's own
+        flags and parser, and which resolved settings the change names."""
+        schema = await self.engine.flag_schema(self.target, spec.program)
+        candidate = apply_change(spec, change, schema)
+        notes = check_candidate(schema, candidate)
+        named = {k for f in names_touched(change, schema) for k in self.engine.settings_for_flag(f)}
+        return Preflight(candidate=candidate, notes=notes, named_settings=named)
+
     async def restore(self, gen: Generation) -> Restore:
         """Install a generation, restart, and verify the server reports its known facts again."""
         installed = await self.target.read_spec()
@@ -155,7 +174,8 @@ class Session:
         checkpoint("restore-installed")
         facts = await self.restart_and_read()
         expected = Facts.model_validate(gen.facts) if gen.facts else None
-        mismatches = verify_facts(expected, facts) if expected else []
+        tolerance = self.engine.capacity_tolerance_pct
+        mismatches = verify_facts(expected, facts, tolerance) if expected else []
         return Restore(
             generation=gen.id,
             facts=facts,
@@ -220,16 +240,13 @@ class Trial:
     async def run(self) -> TrialOutcome:
         s = self.s
         good, spec, facts_before = await s.known_good()
-        schema = await s.engine.flag_schema(s.target, spec.program)
-        candidate = apply_change(spec, self.change, schema)
-        named = set().union(
-            *(s.engine.settings_for_flag(f) for f in names_touched(self.change, schema))
-        )
+        checked = await s.preflight(spec, self.change)
+        candidate, named = checked.candidate, checked.named_settings
         candidate_gen = s.ledger.record_generation(s.target.name, candidate.text, note="candidate")
         self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), good.id)
         self._step(
             "preflighted",
-            f"candidate is generation {candidate_gen.id}",
+            "; ".join([f"candidate is generation {candidate_gen.id}", *checked.notes]),
             candidate_gen=candidate_gen.id,
         )
 

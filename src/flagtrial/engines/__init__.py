@@ -6,11 +6,16 @@ from pathlib import PurePath
 
 from flagtrial.engines.base import Engine
 from flagtrial.engines.llamacpp import LlamaCppEngine
+from flagtrial.engines.sglang import SglangEngine
+from flagtrial.engines.vllm import VllmEngine
 from flagtrial.errors import ProjectError
 
 ENGINES: dict[str, type[Engine]] = {
     "llamacpp": LlamaCppEngine,
+    "sglang": SglangEngine,
+    "vllm": VllmEngine,
 }
+
 
 # Each engine's default HTTP port, for a project file written from a live unit.
 DEFAULT_PORTS = {"llamacpp": 8080, "sglang": 30000, "vllm": 8000}
@@ -24,11 +29,11 @@ def make_engine(name: str) -> Engine:
 
 def detect_engine(argv: list[str]) -> str | None:
     """Which engine a command line starts, from its program words."""
-    words = [PurePath(w).name for w in argv[:4]]
-    if any(w.startswith("llama-server") for w in words):
+    # module paths count word by word: `sglang.launch_server`, `flagtrial.standin.vllm`
+    parts = {p for w in argv[:4] for p in PurePath(w).name.split(".")}
+    if any(p.startswith("llama-server") for p in parts):
         return "llamacpp"
-    if any(w.startswith("sglang") for w in words):
-        return "sglang"
-    if any(w == "vllm" or w.startswith("vllm.") for w in words):
-        return "vllm"
+    for engine in ("sglang", "vllm"):
+        if engine in parts:
+            return engine
     return None

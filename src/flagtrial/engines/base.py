@@ -19,6 +19,9 @@ POLL_S = 0.1
 
 class Engine(Protocol):
     name: str
+    # How far a restored server's capacity facts may differ from the known-good's and still
+    # count as the same (engines that size their caches from free GPU memory jitter a little).
+    capacity_tolerance_pct: float
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         """True once the server answers requests (not merely once its port is open)."""

@@ -64,6 +64,8 @@ def parse_startup_log(log: str) -> tuple[dict[str, Scalar], list[str]]:
 
 class LlamaCppEngine:
     name = "llamacpp"
+    # llama.cpp sizes its KV cache from the flags alone: a restore must match exactly.
+    capacity_tolerance_pct = 0.0
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         # /health is 503 while the model loads, 200 {"status":"ok"} once slots serve.

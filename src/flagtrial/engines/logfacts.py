@@ -1,0 +1,54 @@
+"""What Python engines' startup logs say beyond their numbers: the decisions they announce
+as warnings (a setting overridden, a feature disabled, a fallback taken) and why a start failed.
+
+Line prefixes differ: SGLang `[2025-11-29 22:40:00 TP0] `, vLLM
+`(EngineCore_DP0 pid=12) WARNING 11-29 22:40:00 [fa_utils.py:121] `; both are dropped, so a
+message reads the same from one start to the next.
+"""
+
+from __future__ import annotations
+
+import re
+
+from flagtrial.facts import Scalar
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PREFIX = re.compile(
+    r"^(?:\(\S+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?"
+    r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]]*\] )?"
+)
+# The wording engines use when they change what was asked for (see the engines' warnings,
+# e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...").
+OVERRIDE = re.compile(r"Overriding|[Ff]alling back|defaulting to|[Dd]isabl|precluded")
+# Dumps of every setting mention "disable_..." by name: they are settings, not decisions.
+_DUMPS = ("server_args=", "non-default args:", "with config:")
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+")
+_ARGPARSE = re.compile(r"^\S+: error: .+")
+
+
+def message(line: str) -> str:
+    return _PREFIX.sub("", _ANSI.sub("", line).strip(), count=1)
+
+
+def override_warnings(log: str) -> tuple[dict[str, Scalar], list[str]]:
+    """Settings `override: <message head>` = message, one per distinct override message."""
+    settings: dict[str, Scalar] = {}
+    lines: list[str] = []
+    for raw in log.splitlines():
+        text = message(raw)
+        if not OVERRIDE.search(text) or any(d in text for d in _DUMPS) or len(text) > 400:
+            continue
+        head = re.split(r"[,.;:] ", text, maxsplit=1)[0][:80]
+        settings[f"override: {head}"] = text
+        lines.append(text)
+    return settings, list(dict.fromkeys(lines))
+
+
+def python_crash_reason(log: str) -> str | None:
+    """An argparse error (the engine refused its flags), else the last exception raised."""
+    texts = [message(line) for line in log.splitlines() if line.strip()]
+    for text in texts:
+        if _ARGPARSE.match(text):
+            return text
+    errors = [t for t in texts if _EXCEPTION.match(t)]
+    return errors[-1] if errors else None

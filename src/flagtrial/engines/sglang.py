@@ -1,0 +1,281 @@
+"""Engine `sglang`: SGLang's HTTP server (`python -m sglang.launch_server`, `sglang serve`).
+
+Capacity is what the scheduler reports, never what the flags say: the top-level
+`max_running_requests` of `/server_info` is None when unset, the real limit is each DP rank's
+`effective_max_running_requests_per_dp`. `concurrent_requests` is their sum over
+`internal_states` (one entry per DP rank, each rank admitting its own requests); `kv_tokens`
+is the sum of `memory_usage.token_capacity` (else `max_total_num_tokens`); context per
+request is `/v1/models` `max_model_len` (the model's `context_len`). Every version's
+endpoints and log formats are in VERSIONS below, with the file:line they come from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines.flag_table import EngineSchema
+from flagtrial.engines.pyengine import cached_table, engine_schema, version_key
+from flagtrial.facts import Facts, Scalar
+from flagtrial.launch.schema import FlagSchema
+from flagtrial.targets.base import Target
+
+
+@dataclass(frozen=True)
+class SglangVersion:
+    """What one range of SGLang versions exposes."""
+
+    since: str
+    info_paths: tuple[str, ...]  # tried in order; a 404 moves to the next
+    server_args_log: re.Pattern[str]  # the resolved-arguments dump at start
+    cause: str  # where the resolver behind each resolved value is recorded
+
+
+# entrypoints/http_server.py: /server_info (0.5.10: line 601, 0.5.23: line 863), its
+# deprecated alias /get_server_info (0.5.10: 591, 0.5.23: 853; older releases had only it).
+_INFO = ("/server_info", "/get_server_info")
+VERSIONS = (
+    SglangVersion(
+        since="0.5.23",
+        info_paths=_INFO,
+        # srt/entrypoints/engine.py:311 `logger.info(f"server_args={...resolved_dict()}")`
+        server_args_log=re.compile(r"server_args=(\{.*\})\s*$"),
+        cause="declare_resolution sources (srt/arg_groups/*.py)",
+    ),
+    SglangVersion(
+        since="0.0",
+        info_paths=_INFO,
+        # 0.5.10 srt/entrypoints/engine.py:181 `logger.info(f"{server_args=}")`: a dataclass repr
+        server_args_log=re.compile(r"server_args=(ServerArgs\(.*\))\s*$"),
+        cause="",
+    ),
+)
+
+
+def version_knowledge(version: str | None) -> SglangVersion:
+    key = version_key(version or "0")
+    return next(v for v in VERSIONS if version_key(v.since) <= key)
+
+
+# Startup log lines, the same in 0.5.10 and 0.5.23 unless noted.
+# srt/managers/scheduler.py:1269 (0.5.10: 691)
+SCHEDULER_LINE = re.compile(
+    r"max_total_num_tokens=(?P<tokens>\d+), chunked_prefill_size=(?P<chunk>-?\d+), "
+    r"max_prefill_tokens=(?P<prefill>\d+), max_running_requests=(?P<running>\d+), "
+    r"context_len=(?P<context>\d+)"
+)
+# srt/mem_cache/memory_pool.py:2088 (0.5.10: 696 has no `dtype:`); and the 0.5.23 resize,
+# model_executor/model_runner_components/kv_pool_runtime.py:195, which is the final size.
+KV_LINE = re.compile(
+    r"(?P<post>Post-capture KV sizing: )?KV [Cc]ache (?:is )?allocated\. "
+    r"(?:dtype: (?P<dtype>[\w.]+), )?#tokens: (?P<tokens>\d+)"
+)
+# kv_pool_runtime.py:171 `Post-capture KV sizing: max_running_requests %d -> %d`
+RUNNING_CAPPED = re.compile(r"max_running_requests (\d+) -> (\d+)")
+# 0.5.23 model_executor/model_runner_components/cuda_graph_setup.py:788
+#   `Capture target decode CUDA graph end. bs=[1, 2, 4], elapsed=...`
+# 0.5.10 model_executor/cuda_graph_runner.py:570 `Capture cuda graph bs [1, 2, 4]`
+GRAPH_BS = re.compile(
+    r"Capture (?:(?P<what>[\w ]*?decode) \S+ graph end\. bs=|cuda graph bs )"
+    r"(?P<bs>\[[\d, ]*\])"
+)
+
+# Volatile or bulky /server_info keys that are not settings (max_total_num_tokens is the
+# KV capacity, a capacity fact).
+_NOT_SETTINGS = {
+    "max_total_num_tokens",
+    "internal_states",
+    "startup_time",
+    "launch_command",
+    "version",
+    "status",
+    "kv_events",
+    "frontend",
+    "hicache_object_layout",
+    "kv_event_sources",
+}
+
+
+def parse_startup_log(log: str) -> tuple[dict[str, Any], dict[str, Scalar], list[str]]:
+    """(numbers from the capacity lines, settings, the lines read) of one start."""
+    numbers: dict[str, Any] = {}
+    settings: dict[str, Scalar] = {}
+    lines: list[str] = []
+    for raw in log.splitlines():
+        line = raw.strip()
+        if m := SCHEDULER_LINE.search(line):
+            numbers.update(
+                tokens=int(m["tokens"]), running=int(m["running"]), context=int(m["context"])
+            )
+            settings["max_prefill_tokens"] = int(m["prefill"])
+            lines.append(line)
+        elif m := KV_LINE.search(line):
+            if m["post"] or "kv_pool_tokens" not in numbers:
+                numbers["kv_pool_tokens"] = int(m["tokens"])
+            if m["dtype"]:
+                settings["kv_cache_dtype_resolved"] = m["dtype"]
+            lines.append(line)
+        elif m := RUNNING_CAPPED.search(line):
+            numbers["running"] = int(m[2])
+            lines.append(line)
+        elif m := GRAPH_BS.search(line):
+            key = "cuda_graph_bs_" + (m["what"] or "decode").replace(" ", "_")
+            settings[key] = m["bs"]
+            lines.append(line)
+    return numbers, settings, lines
+
+
+def server_args_from_log(log: str, version: str | None) -> dict[str, Scalar]:
+    pattern = version_knowledge(version).server_args_log
+    for line in log.splitlines():
+        if m := pattern.search(line):
+            return pyrepr.parse_repr(m[1])
+    return {}
+
+
+def flatten(body: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
+    """Resolved fields as settings; nested records become dotted keys."""
+    out: dict[str, Scalar] = {}
+    for key, value in body.items():
+        if not prefix and key in _NOT_SETTINGS:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, list):
+            out[name] = pyrepr.scalar(repr(value))
+        else:
+            out[name] = value
+    return out
+
+
+async def _server_info(
+    client: httpx.AsyncClient, base_url: str
+) -> tuple[str, dict[str, Any]] | None:
+    for path in _INFO:
+        response = await client.get(f"{base_url}{path}")
+        if response.status_code == 404:
+            continue
+        return path, response.raise_for_status().json()
+    return None
+
+
+async def _metric(client: httpx.AsyncClient, base_url: str, name: str) -> float | None:
+    response = await client.get(f"{base_url}/metrics")
+    if response.status_code != 200:
+        return None
+    sample = promtext.first(promtext.parse(response.text), name)
+    return sample.value if sample else None
+
+
+def _context(models: dict[str, Any]) -> int | None:
+    cards = models.get("data") or []
+    return cards[0].get("max_model_len") if cards else None
+
+
+def _resolved_by(labels: list[str]) -> str:
+    """`resolved by _handle_gpu_memory_settings (srt/arg_groups/memory_hook.py:94, 108)`."""
+    lines: dict[str, list[str]] = {}
+    for label in labels:
+        name, _, where = label.partition(" (")
+        path, _, line = where.rstrip(")").rpartition(":")
+        lines.setdefault(f"{name} ({path}", []).append(line)
+    return "resolved by " + "; ".join(f"{k}:{', '.join(v)})" for k, v in lines.items())
+
+
+class SglangEngine:
+    name = "sglang"
+    # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
+    capacity_tolerance_pct = 1.0
+
+    def __init__(self) -> None:
+        self._schema: EngineSchema | None = None
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        # /health: 503 while the server status is Starting, then a 1-token generation
+        # (srt/entrypoints/http_server.py:721-735). Starting ends with the warm-up, when the
+        # server logs "The server is fired up and ready to roll!" (http_server.py:2600).
+        return (await client.get(f"{base_url}/health")).status_code == 200
+
+    async def facts(self, client: httpx.AsyncClient, base_url: str, startup_log: str) -> Facts:
+        info = await _server_info(client, base_url)
+        models = (await client.get(f"{base_url}/v1/models")).raise_for_status().json()
+        numbers, log_settings, lines = parse_startup_log(startup_log)
+        path, body = info if info else ("", {})
+        version = body.get("version")
+        capacity: dict[str, float] = {}
+        sources: dict[str, str] = {}
+        states = body.get("internal_states") or []
+        running = [
+            s["effective_max_running_requests_per_dp"]
+            for s in states
+            if s.get("effective_max_running_requests_per_dp") is not None
+        ]
+        if running:
+            capacity["concurrent_requests"] = float(sum(running))
+            sources["concurrent_requests"] = (
+                f"GET {path} internal_states[].effective_max_running_requests_per_dp, "
+                f"summed over {len(running)} DP rank(s)"
+            )
+        elif "running" in numbers:
+            capacity["concurrent_requests"] = float(numbers["running"])
+            sources["concurrent_requests"] = "startup log: max_running_requests"
+        tokens = [(s.get("memory_usage") or {}).get("token_capacity") for s in states]
+        if tokens and all(t is not None for t in tokens):
+            capacity["kv_tokens"] = float(sum(tokens))
+            sources["kv_tokens"] = f"GET {path} internal_states[].memory_usage.token_capacity"
+        elif body.get("max_total_num_tokens") is not None:
+            capacity["kv_tokens"] = float(body["max_total_num_tokens"])
+            sources["kv_tokens"] = f"GET {path} max_total_num_tokens"
+        elif (metric := await _metric(client, base_url, "sglang:max_total_num_tokens")) is not None:
+            capacity["kv_tokens"] = metric  # served with --enable-metrics
+            sources["kv_tokens"] = "GET /metrics sglang:max_total_num_tokens"
+        elif "kv_pool_tokens" in numbers or "tokens" in numbers:
+            capacity["kv_tokens"] = float(numbers.get("kv_pool_tokens", numbers.get("tokens")))
+            sources["kv_tokens"] = "startup log: KV Cache ... #tokens"
+        context = _context(models)
+        if context is not None:
+            capacity["context_per_request"] = float(context)
+            sources["context_per_request"] = "GET /v1/models max_model_len"
+        elif "context" in numbers:
+            capacity["context_per_request"] = float(numbers["context"])
+            sources["context_per_request"] = "startup log: context_len"
+
+        settings = flatten(body) if body else server_args_from_log(startup_log, version)
+        settings.update(log_settings)
+        if body.get("max_req_input_len") is not None:
+            settings["max_req_input_len"] = body["max_req_input_len"]
+        warnings, warning_lines = logfacts.override_warnings(startup_log)
+        settings.update(warnings)
+        sources.update(self._causes(version, settings))
+        return Facts(
+            engine=self.name,
+            version=version,
+            capacity=capacity,
+            settings=settings,
+            sources=sources,
+            log_lines=lines + warning_lines,
+        )
+
+    def _causes(self, version: str | None, settings: dict[str, Scalar]) -> dict[str, str]:
+        """For resolved settings, the resolvers SGLang records as able to decide them."""
+        known = version_knowledge(version)
+        table = cached_table(self.name, version) if version and known.cause else None
+        resolvers: dict[str, list[str]] = (table or {}).get("resolvers") or {}
+        return {key: _resolved_by(resolvers[key]) for key in settings if key in resolvers}
+
+    def crash_reason(self, log: str) -> str | None:
+        return logfacts.python_crash_reason(log)
+
+    def settings_for_flag(self, canonical_flag: str) -> set[str]:
+        if self._schema is not None:
+            return self._schema.settings_for(canonical_flag)
+        return {canonical_flag.lstrip("-").replace("-", "_")}
+
+    async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
+        self._schema = await engine_schema(target, self.name, program)
+        return self._schema

@@ -1,0 +1,240 @@
+"""Engine `vllm`: vLLM's OpenAI-compatible server (`vllm serve`, `python -m
+vllm.entrypoints.openai.api_server`).
+
+Capacity is the KV cache the engine sized at start: `kv_tokens` is "KV cache size: N tokens",
+`concurrent_requests` is "Maximum concurrency for M tokens per request: X" (how many requests
+of the full context length fit at once; shorter requests fit more, up to `max_num_seqs`,
+which is a setting), and context per request is `/v1/models` `max_model_len`. The
+`vllm:cache_config_info` labels of `/metrics` carry the same two numbers
+(`kv_cache_size_tokens`, `kv_cache_max_concurrency`) and are preferred when served.
+Resolved settings come from `/server_info?config_format=json` when the server runs with
+`VLLM_SERVER_DEV_MODE=1`, else from the `non-default args` and engine-config log lines.
+Warnings where vLLM overrides what was asked become `override: ...` settings, so they show
+as implicit changes. Every version's formats are in FORMS, with where they come from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines.flag_table import EngineSchema
+from flagtrial.engines.pyengine import engine_schema
+from flagtrial.facts import Facts, Scalar
+from flagtrial.launch.schema import FlagSchema
+from flagtrial.targets.base import Target
+
+
+@dataclass(frozen=True)
+class CapacityForm:
+    """One way a vLLM release logs its KV capacity; `fields` are the regex groups it fills."""
+
+    since: str
+    where: str
+    pattern: re.Pattern[str]
+
+
+_N = r"(?P<{}>[\d,]+)"
+FORMS = (
+    CapacityForm(
+        "0.10",
+        "v1/core/kv_cache_utils.py:1148 (0.33: one line, `%s KV cache size: %s tokens, "
+        "Maximum concurrency for %s tokens per request: %.2fx`)",
+        re.compile(
+            r"KV cache size: "
+            + _N.format("tokens")
+            + r" tokens, Maximum concurrency for "
+            + _N.format("len")
+            + r" tokens per request: (?P<conc>[\d.]+)x"
+        ),
+    ),
+    CapacityForm(
+        "0.8",
+        "v1/core/kv_cache_utils.py in earlier V1 releases: two `info_once` lines",
+        re.compile(r"GPU KV cache size: " + _N.format("tokens") + r" tokens\s*$"),
+    ),
+    CapacityForm(
+        "0.8",
+        "the second of the two lines (also V0 executor_base.py after `# GPU blocks`)",
+        re.compile(
+            r"Maximum concurrency for "
+            + _N.format("len")
+            + r" tokens per request: (?P<conc>[\d.]+)x"
+        ),
+    ),
+    CapacityForm(
+        "0.0",
+        "V0 executor/executor_base.py initialize_cache: `# %s blocks: %d, # CPU blocks: %d`",
+        re.compile(r"# (?:GPU|\w+) blocks: (?P<blocks>\d+), # CPU blocks: \d+"),
+    ),
+)
+# entrypoints/common/startup.py:96 `logger.info("non-default args: %s", ...)` (a dict repr)
+NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
+# v1/engine/core.py:139 `Initializing a V1 LLM engine (v%s) with config: %s`, the config
+# rendered by VllmConfig.__str__ (config/vllm.py:2809) as `key=value, ...`
+ENGINE_CONFIG = re.compile(
+    r"Initializing a V1 LLM engine \(v(?P<version>[^)]+)\) with config: (?P<config>.*)$"
+)
+# config/model.py:2170, config/scheduler.py:311
+OTHER_LINES = {
+    "max_model_len_resolved": re.compile(r"Using max model len (\d+)"),
+    "max_num_batched_tokens_resolved": re.compile(
+        r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"
+    ),
+}
+# VllmConfig.__str__ (config/vllm.py:2809) names some fields differently from their flags.
+CONFIG_LINE_ALIASES = {
+    "max_model_len": "max_seq_len",
+    "cache_dtype": "kv_cache_dtype",
+    "device": "device_config",
+}
+# `vllm:cache_config_info` labels: CacheConfig.metrics_info() (config/cache.py:440), every
+# CacheConfig field as a string, emitted by v1/metrics/loggers.py:1120.
+CACHE_INFO = "vllm:cache_config_info"
+# Labels that are measured at start (capacity facts already), not settings: they may move by
+# a few blocks between two starts of the same spec.
+_SIZED = {"engine", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency"}
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_startup_log(log: str) -> tuple[dict[str, float], dict[str, Scalar], list[str]]:
+    """(capacity numbers, settings, lines read) from one start's log."""
+    numbers: dict[str, float] = {}
+    settings: dict[str, Scalar] = {}
+    lines: list[str] = []
+    for raw in log.splitlines():
+        text = logfacts.message(raw)
+        for form in FORMS:
+            if m := form.pattern.search(text):
+                found = m.groupdict()
+                if found.get("tokens"):
+                    numbers["kv_tokens"] = _int(found["tokens"])
+                if found.get("conc"):
+                    numbers["concurrency"] = float(found["conc"])
+                    numbers["for_len"] = _int(found["len"])
+                if found.get("blocks"):
+                    numbers["gpu_blocks"] = int(found["blocks"])
+                lines.append(text)
+                break
+        if m := NON_DEFAULT.search(text):
+            settings.update({f"arg.{k}": v for k, v in pyrepr.parse_dict(m[1]).items()})
+        elif m := ENGINE_CONFIG.search(text):
+            settings.update(pyrepr.parse_kwargs(m["config"]))
+            settings["version_logged"] = m["version"]
+        for key, pattern in OTHER_LINES.items():
+            if m := pattern.search(text):
+                settings[key] = float(m[1]) if "." in m[1] else int(m[1])
+                lines.append(text)
+    return numbers, settings, lines
+
+
+def flatten(body: Any, prefix: str = "") -> dict[str, Scalar]:
+    out: dict[str, Scalar] = {}
+    if isinstance(body, dict):
+        for key, value in body.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(body, list):
+        out[prefix[:-1]] = pyrepr.scalar(repr(body))
+    else:
+        out[prefix[:-1]] = body
+    return out
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+    response = await client.get(url)
+    return None if response.status_code == 404 else response.raise_for_status()
+
+
+class VllmEngine:
+    name = "vllm"
+    # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
+    capacity_tolerance_pct = 1.0
+
+    def __init__(self) -> None:
+        self._schema: EngineSchema | None = None
+
+    async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
+        # The API server answers only once the engine core is up; /health is 503 when the
+        # engine is dead (entrypoints/serve/... health route).
+        return (await client.get(f"{base_url}/health")).status_code == 200
+
+    async def facts(self, client: httpx.AsyncClient, base_url: str, startup_log: str) -> Facts:
+        version_body = await _get(client, f"{base_url}/version")
+        version = version_body.json().get("version") if version_body else None
+        models = (await client.get(f"{base_url}/v1/models")).raise_for_status().json()
+        numbers, log_settings, lines = parse_startup_log(startup_log)
+        capacity: dict[str, float] = {}
+        sources: dict[str, str] = {}
+
+        metrics = await _get(client, f"{base_url}/metrics")
+        info = promtext.first(promtext.parse(metrics.text), CACHE_INFO) if metrics else None
+        labels = info.labels if info else {}
+        if labels.get("kv_cache_size_tokens") not in (None, "None"):
+            capacity["kv_tokens"] = float(labels["kv_cache_size_tokens"])
+            sources["kv_tokens"] = f"GET /metrics {CACHE_INFO} kv_cache_size_tokens"
+        elif "kv_tokens" in numbers:
+            capacity["kv_tokens"] = numbers["kv_tokens"]
+            sources["kv_tokens"] = "startup log: KV cache size: N tokens"
+        if labels.get("kv_cache_max_concurrency") not in (None, "None"):
+            capacity["concurrent_requests"] = float(labels["kv_cache_max_concurrency"])
+            sources["concurrent_requests"] = f"GET /metrics {CACHE_INFO} kv_cache_max_concurrency"
+        elif "concurrency" in numbers:
+            capacity["concurrent_requests"] = numbers["concurrency"]
+            sources["concurrent_requests"] = (
+                f"startup log: Maximum concurrency for {numbers['for_len']:g} tokens per request"
+            )
+        cards = models.get("data") or []
+        if cards and cards[0].get("max_model_len") is not None:
+            capacity["context_per_request"] = float(cards[0]["max_model_len"])
+            sources["context_per_request"] = "GET /v1/models max_model_len"
+        if "kv_tokens" not in capacity and "gpu_blocks" in numbers and labels.get("block_size"):
+            capacity["kv_tokens"] = numbers["gpu_blocks"] * float(labels["block_size"])
+            sources["kv_tokens"] = f"startup log: # GPU blocks x {CACHE_INFO} block_size"
+
+        dev = await _get(client, f"{base_url}/server_info?config_format=json")
+        config = dev.json().get("vllm_config") if dev else None
+        settings = flatten(config) if isinstance(config, dict) else log_settings
+        settings = {k: v for k, v in settings.items() if k.rpartition(".")[2] not in _SIZED}
+        settings.update(
+            {f"cache_config.{k}": pyrepr.scalar(v) for k, v in labels.items() if k not in _SIZED}
+        )
+        warnings, warning_lines = logfacts.override_warnings(startup_log)
+        settings.update(warnings)
+        return Facts(
+            engine=self.name,
+            version=version or str(log_settings.get("version_logged") or "") or None,
+            capacity=capacity,
+            settings=settings,
+            sources=sources,
+            log_lines=lines + warning_lines,
+        )
+
+    def crash_reason(self, log: str) -> str | None:
+        return logfacts.python_crash_reason(log)
+
+    def settings_for_flag(self, canonical_flag: str) -> set[str]:
+        keys = (
+            self._schema.settings_for(canonical_flag)
+            if self._schema is not None
+            else {canonical_flag.lstrip("-").replace("-", "_")}
+        )
+        # The same field as the log lines name it: `arg.X` (non-default args) and the
+        # engine-config line's own spelling.
+        extra = {f"arg.{k}" for k in keys if "." not in k}
+        extra |= {CONFIG_LINE_ALIASES[k] for k in keys if k in CONFIG_LINE_ALIASES}
+        return keys | extra
+
+    async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
+        # FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes `--a_b` for `--a-b`
+        # and `--json-flag.key value` for a key of a JSON flag.
+        self._schema = await engine_schema(
+            target, self.name, program, underscores=True, dotted=True
+        )
+        return self._schema
