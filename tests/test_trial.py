@@ -106,6 +106,9 @@ def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Pro
     trials = json.loads(history.stdout)["trials"]
     assert [t["verdict"] for t in trials] == ["REVERT"]
     assert trials[0]["state"] == "reverted"
+    shown = json.loads(project.cli("show", "1", "--json").stdout)
+    assert shown["trial"]["record"]["host"]["cpus"] >= 1
+    assert shown["trial"]["record"]["host"]["gpus"] == []  # a CPU-only host, no failure
     page = project.root / "trial.html"
     assert project.cli("report", "1", "--out", str(page)).returncode == 0
     html = page.read_text()

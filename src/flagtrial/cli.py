@@ -446,9 +446,13 @@ def facts(
     async def body() -> None:
         async with open_session(project, accept_new_host_key=accept_new) as session:
             good, _, known = await session.known_good()
+            host = await session.target.host_facts()
             if json_out:
-                emit_json({"generation": good.id, "facts": known.model_dump()})
+                emit_json(
+                    {"generation": good.id, "facts": known.model_dump(), "host": host.model_dump()}
+                )
                 return
+            ui.console.print(ui.host_line(host, known))
             ui.console.print(ui.facts_table(known, title=f"facts of generation {good.id}"))
             for key, value in known.settings.items():
                 ui.console.print(f"  {key} = {value!r}")

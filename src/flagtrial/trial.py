@@ -196,12 +196,15 @@ class Trial:
         self.s = session
         self.change = change
         self.trial_id = 0
+        self.context: dict[str, Any] = {}
         # True once the server is on a judged spec (kept candidate or verified restore):
         # from then on an interruption must not revert anything.
         self._settled = False
 
     def _step(self, state: str, detail: str = "", **fields: Any) -> None:
         """Journal a step before acting on it (write-ahead), then announce it."""
+        if "record_json" in fields:
+            fields["record_json"] = {**self.context, **fields["record_json"]}
         self.s.ledger.step(self.trial_id, state, detail, **fields)
         self.s.notify(state, detail)
         checkpoint(state)
@@ -243,11 +246,15 @@ class Trial:
         checked = await s.preflight(spec, self.change)
         candidate, named = checked.candidate, checked.named_settings
         candidate_gen = s.ledger.record_generation(s.target.name, candidate.text, note="candidate")
+        host = await s.target.host_facts()
+        # kept in every record of this trial: the host it ran on and what preflight said
+        self.context = {"host": host.model_dump(), "preflight_notes": checked.notes}
         self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), good.id)
         self._step(
             "preflighted",
             "; ".join([f"candidate is generation {candidate_gen.id}", *checked.notes]),
             candidate_gen=candidate_gen.id,
+            record_json={},
         )
 
         facts_after: Facts | None = None

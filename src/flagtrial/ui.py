@@ -11,6 +11,7 @@ from rich.table import Table
 from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
+from flagtrial.targets.base import HostFacts
 from flagtrial.trial import Restore, TrialOutcome
 
 console = Console(highlight=False)
@@ -23,6 +24,18 @@ COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
 def notify(state: str, detail: str) -> None:
     stamp = time.strftime("%H:%M:%S")
     console.print(f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {detail}")
+
+
+def host_line(host: HostFacts, facts: Facts) -> str:
+    gpus = (
+        ", ".join(f"{g.name} (SM {g.compute_cap}, {g.memory_total})" for g in host.gpus)
+        if host.gpus
+        else "no GPU"
+    )
+    return (
+        f"host {host.hostname}: {gpus}, {host.cpus} CPUs, kernel {host.kernel}; "
+        f"{facts.engine} {facts.version or '(version unknown)'}"
+    )
 
 
 def facts_table(before: Facts, after: Facts | None = None, title: str = "facts") -> Table:
