@@ -322,7 +322,9 @@ def test_seed_on_0_5_10_reverts_on_the_capacity_loss(seed_project) -> None:
     reasons = "\n".join(outcome.verdict.reasons)
     # -45.8 %: the seed's 48 -> 26, a 46 % capacity loss, and no throughput gain.
     assert "capacity loss: concurrent requests 48 -> 26 (-45.8 %)" in reasons
-    assert "no real gain, but a cost" in reasons
+    # no gain either way: equal work on the stand-in reads as no gain (or, on a noisy run,
+    # as a loss); never as a gain that could pay for the capacity
+    assert "no real gain, but a cost" in reasons or reasons.startswith("harmful")
     assert outcome.facts_after.version == "0.5.10"
     assert "concurrent_requests" in outcome.facts_after.sources
     # The KV pool shrank too, an implicit change the change never named.

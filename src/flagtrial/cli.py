@@ -18,7 +18,10 @@ import typer
 
 from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
-from flagtrial.errors import FlagtrialError
+from flagtrial.errors import FlagtrialError, GateError
+from flagtrial.gates import preflight as gating
+from flagtrial.gates.analyze import analyze_change, render_text
+from flagtrial.gates.model import GateHost
 from flagtrial.launch.change import Change
 from flagtrial.ledger import FINISHED_STATES, Ledger
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
@@ -289,6 +292,9 @@ def trial(
     project: ProjectOpt = Path(PROJECT_FILE),
     json_out: JsonOpt = False,
     accept_new: AcceptNewOpt = False,
+    force: Annotated[
+        bool, typer.Option(help="deploy even when the engine's source says it fails at startup")
+    ] = False,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
@@ -297,7 +303,7 @@ def trial(
     async def body() -> int:
         async with open_session(project, accept_new_host_key=accept_new) as session:
             async with session.target.lock("flagtrial trial"):
-                outcome = await Trial(session, change).run()
+                outcome = await Trial(session, change, force=force).run()
             if json_out:
                 emit_json(outcome.model_dump())
             else:
@@ -328,6 +334,20 @@ def preflight(
                 ui.console.print(f"  {line}")
             for note in checked.notes:
                 ui.console.print(f"  [yellow]note:[/yellow] {note}")
+            good = session.ledger.last_known_good(session.target.name)
+            version = (good.facts or {}).get("version") if good else None
+            host = gating.gate_host(await session.target.host_facts(), session.project.gpu)
+            findings = await gating.analyze(
+                session.engine.name, version, change, checked.candidate, host
+            )
+            if findings:
+                ui.console.print(render_text(findings), markup=False, soft_wrap=True)
+            elif session.engine.name in gating.ENGINES:
+                ui.console.print(
+                    "  source gate analysis skipped: "
+                    + ("no GPU facts for this host ([gpu] in the project file)" if host is None
+                       else "engine version unknown (run `flagtrial facts` once)")
+                )  # fmt: skip
             diff = difflib.unified_diff(
                 spec.text.splitlines(keepends=True),
                 checked.candidate.text.splitlines(keepends=True),
@@ -335,9 +355,38 @@ def preflight(
                 "candidate",
             )
             ui.console.print("".join(diff), markup=False)
+            if gating.failing(findings):
+                raise GateError("preflight failed: a change fails at startup on this GPU")
             ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
 
     run(body)
+
+
+# FLAG is itself an option-like word: let it through as an argument.
+@app.command(context_settings={"ignore_unknown_options": True})
+def gates(
+    flag: Annotated[str, typer.Argument(help="the flag, e.g. --attention-backend")],
+    value: Annotated[str | None, typer.Argument(help="its value, if it takes one")] = None,
+    engine: Annotated[str, typer.Option(help="ENGINE==VERSION, e.g. sglang==0.5.23")] = "",
+    sm: Annotated[str, typer.Option(help="compute capability, e.g. 120 or 9.0")] = "",
+    cuda: Annotated[str | None, typer.Option(help="CUDA version, e.g. 12.8")] = None,
+    tp: Annotated[int, typer.Option(help="tensor parallel size (= GPUs)")] = 1,
+    json_out: JsonOpt = False,
+) -> None:
+    """Will FLAG act on this GPU? Evidence from the engine's own source; no host needed."""
+    name, sep, version = engine.partition("==")
+    if not sep or name not in gating.ENGINES or not sm:
+        raise typer.BadParameter("give --engine sglang==VERSION or vllm==VERSION, and --sm")
+    host = GateHost.sm(sm.replace(".", ""), cuda=cuda, gpus=tp)
+    try:
+        findings = analyze_change(name, version, [(flag, value)], host, tp)
+    except FlagtrialError as e:
+        ui.err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(e.exit_code) from None
+    if json_out:
+        emit_json([f.model_dump(mode="json") for f in findings])
+    else:
+        ui.console.print(render_text(findings), markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -31,6 +31,10 @@ class UnknownFlagError(ChangeError):
     """A flag the engine's own parser does not know."""
 
 
+class GateError(ChangeError):
+    """The engine's source says the change fails at startup on this GPU."""
+
+
 class TargetError(FlagtrialError):
     """The target cannot do what was asked: binary missing, host unreachable, install failed."""
 

@@ -65,6 +65,17 @@ class Ssh(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0)
 
 
+class DeclaredGpu(BaseModel):
+    """GPU facts for the source gate analysis when the host's nvidia-smi reports none
+    (a container without the driver, a test host). The host's own facts win when it has any."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute_cap: str | None = Field(None, description='e.g. "12.0" for SM120')
+    count: int = Field(1, ge=1)
+    cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"')
+
+
 class Project(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +91,7 @@ class Project(BaseModel):
         None, description="systemd targets: the file to edit, e.g. a drop-in UNIT.d/flags.conf"
     )
     ssh: Ssh = Field(default_factory=Ssh)
+    gpu: DeclaredGpu = Field(default_factory=DeclaredGpu)
     engine: Literal["llamacpp", "sglang", "vllm"] = "llamacpp"
     endpoint: str = Field("http://127.0.0.1:8080", description="base URL of the server's HTTP API")
     ready_timeout_s: float = Field(

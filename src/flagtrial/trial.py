@@ -18,9 +18,11 @@ from pydantic import BaseModel
 
 from flagtrial.engines.base import Engine, wait_ready
 from flagtrial.engines.flag_table import check_candidate
-from flagtrial.errors import FlagtrialError, RollbackError, ServerNotReadyError
+from flagtrial.errors import FlagtrialError, GateError, RollbackError, ServerNotReadyError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.faults import checkpoint
+from flagtrial.gates import preflight as gating
+from flagtrial.gates.model import GateFinding
 from flagtrial.judge import Verdict, capacity_breach, judge
 from flagtrial.launch.change import Change, apply_change, names_touched
 from flagtrial.launch.spec import LaunchSpec
@@ -192,9 +194,12 @@ async def _ready(engine: Engine, client: httpx.AsyncClient, base_url: str) -> bo
 
 
 class Trial:
-    def __init__(self, session: Session, change: Change) -> None:
+    def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
         self.s = session
         self.change = change
+        # deploy even when the engine's source says the change fails at startup here
+        self.force = force
+        self.gate_reasons: list[str] = []
         self.trial_id = 0
         self.context: dict[str, Any] = {}
         # True once the server is on a judged spec (kept candidate or verified restore):
@@ -249,6 +254,11 @@ class Trial:
         host = await s.target.host_facts()
         # kept in every record of this trial: the host it ran on and what preflight said
         self.context = {"host": host.model_dump(), "preflight_notes": checked.notes}
+        # The source gate analysis runs beside the baseline measurement, not before it.
+        gate_task = asyncio.create_task(
+            gating.analyze(s.engine.name, facts_before.version, self.change, candidate,
+                          gating.gate_host(host, s.project.gpu))
+        )  # fmt: skip
         self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), good.id)
         self._step(
             "preflighted",
@@ -263,6 +273,7 @@ class Trial:
         try:
             self._step("measuring-baseline", f"generation {good.id}")
             baseline = await self._measure("baseline")
+            await self._check_gates(gate_task)
             self._step("installing", f"generation {candidate_gen.id}")
             installed = True
             await s.target.install_spec(candidate)
@@ -300,6 +311,7 @@ class Trial:
             return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
         except BaseException as e:
             # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
+            gate_task.cancel()
             if not installed:
                 with contextlib.suppress(Exception):
                     self._step("aborted", f"{type(e).__name__}: {e}")
@@ -319,6 +331,22 @@ class Trial:
                 self._step("reverted", _restore_detail(restore), finished_at=time.time())
             raise
 
+    async def _check_gates(self, task: asyncio.Task[list[GateFinding]]) -> None:
+        findings = await task
+        if not findings:
+            return
+        self.context["gates"] = [f.model_dump(mode="json") for f in findings]
+        self.gate_reasons = gating.reasons(findings)
+        self._step("gates", "; ".join(f"{f.flag}: {f.outcome.value}" for f in findings),
+                   record_json={})  # fmt: skip
+        fails = gating.failing(findings)
+        if fails and not self.force:
+            first = fails[0]
+            raise GateError(
+                f"{first.flag} fails at startup on this GPU per {first.engine} {first.version}'s "
+                f"source: {first.reason} (see `flagtrial preflight`; --force deploys anyway)"
+            )
+
     async def _finish(
         self,
         verdict: Verdict,
@@ -329,6 +357,8 @@ class Trial:
         diff: FactsDiff | None,
     ) -> TrialOutcome:
         s = self.s
+        if self.gate_reasons:
+            verdict = verdict.model_copy(update={"reasons": [*verdict.reasons, *self.gate_reasons]})
         self._step(
             "judged",
             verdict.decision,

@@ -1,0 +1,114 @@
+"""What a gate analysis takes (the host) and gives back (findings with their evidence)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flagtrial.targets.base import HostFacts
+
+GpuPlatform = Literal["cuda", "rocm"]
+
+_CAP = re.compile(r"^(?:sm[_ ]?)?(\d+)(?:\.(\d+))?$", re.IGNORECASE)
+
+
+def parse_compute_cap(text: str) -> tuple[int, int]:
+    """'12.0', 'SM120', 'sm_90', '90' or '100' -> (major, minor)."""
+    m = _CAP.match(text.strip())
+    if not m:
+        raise ValueError(f"not a compute capability: {text!r} (expected e.g. 12.0 or SM120)")
+    if m.group(2) is not None:
+        return int(m.group(1)), int(m.group(2))
+    digits = m.group(1)
+    if len(digits) < 2:
+        return int(digits), 0
+    # SM numbers put the minor in the last digit: SM90 is 9.0, SM120 is 12.0.
+    return int(digits[:-1]), int(digits[-1])
+
+
+class GateHost(BaseModel):
+    """The host facts a gate depends on. None means not known: gates on it stay unknown."""
+
+    model_config = ConfigDict(frozen=True)
+
+    compute_cap: tuple[int, int] | None = None
+    cuda_version: tuple[int, int] | None = None
+    platform: GpuPlatform = "cuda"
+    gpu_count: int = 1
+    gpu_name: str | None = None
+
+    @classmethod
+    def sm(cls, cap: str, *, cuda: str | None = None, gpus: int = 1) -> GateHost:
+        """A CUDA host from a capability string, e.g. `GateHost.sm("120", cuda="12.8")`."""
+        version = parse_compute_cap(cuda) if cuda else None
+        return cls(compute_cap=parse_compute_cap(cap), cuda_version=version, gpu_count=gpus)
+
+    @classmethod
+    def from_host_facts(
+        cls, facts: HostFacts, *, cuda_version: str | None = None, platform: GpuPlatform = "cuda"
+    ) -> GateHost:
+        """From nvidia-smi facts; the first GPU speaks for all (mixed hosts are rare)."""
+        if not facts.gpus:
+            return cls(platform=platform, gpu_count=0)
+        first = facts.gpus[0]
+        return cls(
+            compute_cap=parse_compute_cap(first.compute_cap),
+            cuda_version=parse_compute_cap(cuda_version) if cuda_version else None,
+            platform=platform,
+            gpu_count=len(facts.gpus),
+            gpu_name=first.name,
+        )
+
+    def describe(self) -> str:
+        cap = "SM{}{}".format(*self.compute_cap) if self.compute_cap else "unknown capability"
+        cuda = ".".join(map(str, self.cuda_version)) if self.cuda_version else "unknown"
+        runtime = f"CUDA {cuda}" if self.platform == "cuda" else "ROCm"
+        return f"{cap}, {runtime}, {self.gpu_count} GPU(s)"
+
+
+class Outcome(StrEnum):
+    ACTIVE = "ACTIVE"
+    NO_OP = "NO-OP ON THIS HARDWARE"
+    FAILS = "FAILS AT STARTUP"
+    UNKNOWN = "UNKNOWN"
+
+
+EvidenceRole = Literal[
+    "flag", "field", "mapping", "read", "gate", "helper", "dispatch", "call", "raise", "note"
+]
+
+
+class Evidence(BaseModel):
+    """One link of the chain: a place in the engine's source and what it shows."""
+
+    role: EvidenceRole
+    file: str | None = None
+    line: int | None = None
+    code: str = ""
+    note: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else ""
+
+
+class GateFinding(BaseModel):
+    """The outcome for one edit, with the evidence chain that supports it."""
+
+    engine: str
+    version: str
+    flag: str
+    value: str | None
+    host: str
+    tp: int
+    fields: list[str] = Field(default_factory=list)
+    outcome: Outcome
+    reason: str
+    evidence: list[Evidence] = Field(default_factory=list)
+
+    def cites(self, where: str) -> bool:
+        """Whether a `file:line` (path suffix allowed) is part of the evidence chain."""
+        return any(e.where.endswith(where) for e in self.evidence if e.file)

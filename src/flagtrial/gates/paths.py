@@ -1,0 +1,500 @@
+"""The guarded paths through one function: which conditions must hold for a statement to run.
+
+A walk visits statements in order. Each point has guards: enclosing `if`/`elif`/`while`
+tests, earlier early exits (`if x: return`) and asserts, and, inside an expression, the
+earlier operands of an `and`/`or` chain and the test of a conditional expression. A guard is
+evaluated (lazily, only when a finding needs it) twice: with the edit (`new`) and with the
+field's default (`old`). The walk reports:
+
+- `ReadSite`: a read of a field, with its guards and its boolean context (`x.f is None and y`);
+- `RaiseSite`: a `raise` or an `assert` whose guards involve the edit, also inside functions
+  the walk follows: calls whose arguments carry the edited value, or that run only because
+  of it.
+
+"Involve the edit" is decided syntactically (taint): a guard or argument reads an edited
+field, or a local assigned from one. A raise no edited value reaches cannot be its doing.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from flagtrial.gates.capability import (
+    UNKNOWN,
+    Evaluator,
+    FuncRef,
+    Lazy,
+    Scope,
+    Trace,
+    Val,
+    bind_import,
+)
+from flagtrial.gates.index import StmtFacts, own_expressions
+
+_LOG_CALLS = {
+    "debug",
+    "info",
+    "warning",
+    "warn",
+    "error",
+    "exception",
+    "critical",
+    "log",
+    "print",
+    "info_once",
+    "warning_once",
+    "debug_once",
+    "print_warning_once",
+    "print_info_once",
+}
+MAX_CALL_DEPTH = 3
+MAX_CALLEE_LINES = 600
+
+
+class Guard:
+    """A condition on a path; `positive` says whether the path needs it true or false.
+
+    `assumed`: it follows from an earlier `if x: raise` or `assert`; a run where it does not
+    hold has already failed, so it does not make a later raise less certain."""
+
+    def __init__(
+        self,
+        node: ast.expr,
+        fi: int,
+        positive: bool,
+        tainted: bool,
+        new: tuple[Evaluator, Scope] | Val,
+        old: tuple[Evaluator, Scope] | Val,
+        assumed: bool = False,
+    ) -> None:
+        self.node, self.fi, self.positive, self.tainted = node, fi, positive, tainted
+        self._new, self._old = new, old
+        self.assumed = assumed
+
+    def negated(self) -> Guard:
+        return Guard(self.node, self.fi, not self.positive, self.tainted, self._new, self._old)
+
+    def assume(self, raised: bool) -> Guard:
+        """This guard, `assumed` when the way around it was a raise."""
+        if not raised:
+            return self
+        return Guard(self.node, self.fi, self.positive, self.tainted, self._new, self._old, True)
+
+    @cached_property
+    def new(self) -> Val:
+        return (
+            self._new if isinstance(self._new, Val) else self._new[0].expr(self.node, self._new[1])
+        )
+
+    @cached_property
+    def old(self) -> Val:
+        return (
+            self._old if isinstance(self._old, Val) else self._old[0].expr(self.node, self._old[1])
+        )
+
+    def holds(self, val: Val) -> bool | None:
+        truth = val.truth()
+        return None if truth is None else truth == self.positive
+
+    @property
+    def holds_new(self) -> bool | None:
+        return self.holds(self.new)
+
+    @property
+    def holds_old(self) -> bool | None:
+        # An untainted guard reads nothing the edit changes: old is new.
+        return self.holds(self.old if self.tainted else self.new)
+
+
+def all_hold(values: Iterable[bool | None]) -> bool | None:
+    """Three-valued conjunction, stopping at the first False."""
+    result: bool | None = True
+    for v in values:
+        if v is False:
+            return False
+        if v is None:
+            result = None
+    return result
+
+
+@dataclass(frozen=True)
+class ReadSite:
+    fi: int
+    node: ast.expr  # the Attribute (or getattr call) that reads the field
+    stmt: ast.stmt
+    field: str
+    guards: tuple[Guard, ...]
+    context: ast.expr | None  # the enclosing comparison / boolean expression, if any
+    ctx: Guard | None  # that context, evaluated like a guard (positive)
+    parents: dict[int, ast.AST]
+    scope_new: Scope
+    runs_at_startup: bool
+
+
+@dataclass(frozen=True)
+class RaiseSite:
+    fi: int
+    stmt: ast.stmt  # a Raise, or the Assert that fails
+    guards: tuple[Guard, ...]
+    chain: tuple[Trace, ...]  # the calls followed to get here
+    in_try: bool
+    runs_at_startup: bool
+    unit: tuple[int, int, int]  # where the walk that reached it began
+
+    @cached_property
+    def certain(self) -> bool:
+        """Raises on every run of its function with the edit, not on every run without it,
+        and because of the host: a guard that reads a host fact holds. A raise that only
+        the configuration decides (`--enable-x does not support --y`) is left out."""
+        guards = [g for g in self.guards if not g.assumed]
+        if self.in_try or all_hold(g.holds_new for g in guards) is not True:
+            return False
+        if not any(g.new.hw for g in guards):
+            return False
+        return all_hold(g.holds_old for g in guards) is not True
+
+
+@dataclass
+class _State:
+    guards: tuple[Guard, ...]
+    new: Scope
+    old: Scope
+    tainted: set[str]  # locals assigned from an edited value
+    in_try: bool
+    depth: int
+    chain: tuple[Trace, ...]
+    runs_at_startup: bool  # the walk began in code that runs at every launch
+    unit: tuple[int, int, int]  # (file, first line, last line) where the walk began
+
+    def branch(self, guard: Guard | None) -> _State:
+        return _State(
+            self.guards + ((guard,) if guard else ()),
+            self.new.snapshot(),
+            self.old.snapshot(),
+            set(self.tainted),
+            self.in_try,
+            self.depth,
+            self.chain,
+            self.runs_at_startup,
+            self.unit,
+        )
+
+
+@dataclass
+class Walker:
+    """Walks units for one query; the two evaluators hold the `new` and `old` field values."""
+
+    ev_new: Evaluator
+    ev_old: Evaluator
+    fields: frozenset[str]  # fields whose reads are reported
+    mentions: set[tuple[int, int]]  # (file, line) where the index saw one of them
+    reads: list[ReadSite] = field(default_factory=list)
+    raises: list[RaiseSite] = field(default_factory=list)
+    budget: int = 200  # functions followed into
+    _seen: set[tuple[int, int, bool]] = field(default_factory=set)
+
+    def walk_unit(
+        self,
+        fi: int,
+        stmts: list[ast.stmt],
+        guards: tuple[Guard, ...] = (),
+        runs_at_startup: bool = False,
+    ) -> None:
+        """A function unit walks its body with unknown parameters; a statement unit, itself.
+
+        `runs_at_startup`: the caller knows this code runs at every launch with the edit
+        (argument resolution, a function registered for the value); only there is a certain
+        raise a certain startup failure."""
+        new, old = Scope(fi), Scope(fi)
+        body = stmts
+        if len(stmts) == 1 and isinstance(stmts[0], ast.FunctionDef | ast.AsyncFunctionDef):
+            a = stmts[0].args
+            for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
+                if p is not None:
+                    new.locals[p.arg] = old.locals[p.arg] = Val(UNKNOWN)
+            body = stmts[0].body
+        unit = (
+            (fi, stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno) if stmts else (fi, 0, 0)
+        )
+        self._block(body, _State(guards, new, old, set(), False, 0, (), runs_at_startup, unit))
+
+    # ------------------------------------------------------------- statements
+
+    def _block(self, stmts: list[ast.stmt], st: _State) -> str | None:
+        """Walk a block: "raise" when it always raises, "leave" when it always leaves
+        (return/continue/break or raise), None when it can fall through."""
+        reader = self.ev_new.reader
+        for stmt in stmts:
+            facts = reader.facts(stmt) if self._hot(stmt, st) else None
+            if facts is not None:
+                self._expressions(facts, stmt, st)
+            match stmt:
+                case ast.If(test=test, body=body, orelse=orelse):
+                    guard = self._guard(test, True, facts, st)
+                    left_body = self._block(body, st.branch(guard))
+                    left_else = self._block(orelse, st.branch(guard.negated())) if orelse else None
+                    self._forget(st, stmt)
+                    if left_body and left_else:
+                        return "raise" if left_body == left_else == "raise" else "leave"
+                    if left_body:
+                        st.guards += (guard.negated().assume(left_body == "raise"),)
+                    elif left_else:
+                        st.guards += (guard.assume(left_else == "raise"),)
+                case ast.Assert(test=test):
+                    guard = self._guard(test, False, facts, st)
+                    self._raise(stmt, (*st.guards, guard), st)
+                    st.guards += (guard.negated().assume(True),)
+                case ast.Raise():
+                    self._raise(stmt, st.guards, st)
+                    return "raise"
+                case ast.Return() | ast.Continue() | ast.Break():
+                    return "leave"
+                case ast.Assign(targets=targets, value=value):
+                    self._assign(targets, value, facts, st)
+                case ast.AnnAssign(target=target, value=value) if value is not None:
+                    self._assign([target], value, facts, st)
+                case ast.AugAssign():
+                    self._forget(st, stmt)
+                case ast.Import() | ast.ImportFrom():
+                    bind_import(self.ev_new, st.new, stmt)
+                    bind_import(self.ev_old, st.old, stmt)
+                case ast.For() | ast.AsyncFor() | ast.While():
+                    test = stmt.test if isinstance(stmt, ast.While) else stmt.iter
+                    loop = Guard(test, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN))
+                    self._forget(st, stmt)
+                    self._block(stmt.body, st.branch(loop))
+                    self._forget(st, stmt)
+                case ast.With() | ast.AsyncWith():
+                    left = self._block(stmt.body, st)
+                    if left:
+                        return left
+                case ast.Try() | ast.TryStar():
+                    inner = st.branch(None)
+                    inner.in_try = True
+                    self._block(stmt.body, inner)
+                    for handler in stmt.handlers:
+                        self._block(handler.body, inner)
+                    self._forget(st, stmt)
+                    self._block(stmt.orelse, st.branch(None))
+                    self._block(stmt.finalbody, st)
+                case ast.Match():
+                    for case in stmt.cases:
+                        unknown = Guard(
+                            stmt.subject, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN)
+                        )
+                        self._block(case.body, st.branch(unknown))
+                    self._forget(st, stmt)
+        return None
+
+    def _hot(self, stmt: ast.stmt, st: _State) -> bool:
+        """Whether a statement can involve the edit: it mentions an edited field, uses a
+        tainted local, or runs on a path that depends on the edit. Others are only walked."""
+        if st.tainted or st.depth > 0 or any(g.tainted for g in st.guards):
+            return True
+        fi = st.new.fi
+        for root in own_expressions(stmt):
+            end = root.end_lineno or root.lineno
+            if any((fi, line) in self.mentions for line in range(root.lineno, end + 1)):
+                return True
+        return False
+
+    def _is_tainted(self, facts: StmtFacts | None, node: ast.AST, st: _State) -> bool:
+        """Whether `node` reads an edited value (never, in a statement that is not hot)."""
+        if facts is None or not (st.tainted or self.fields & facts.attrs.keys()):
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in st.tainted:
+                return True
+            if isinstance(sub, ast.Attribute) and sub.attr in self.fields:
+                return True
+            if isinstance(sub, ast.Constant) and sub.value in self.fields:
+                return True  # getattr(x, "field")
+        return False
+
+    def _guard(self, test: ast.expr, positive: bool, facts: StmtFacts | None, st: _State) -> Guard:
+        tainted = self._is_tainted(facts, test, st)
+        return Guard(
+            test,
+            st.new.fi,
+            positive,
+            tainted,
+            (self.ev_new, st.new.snapshot()),
+            (self.ev_old, st.old.snapshot()),
+        )
+
+    def _assign(
+        self, targets: list[ast.expr], value: ast.expr, facts: StmtFacts | None, st: _State
+    ) -> None:
+        tainted = self._is_tainted(facts, value, st)
+        new_scope, old_scope = st.new.snapshot(), st.old.snapshot()
+        for target in targets:
+            names: list[tuple[str, int | None]] = []
+            if isinstance(target, ast.Name):
+                names.append((target.id, None))
+            elif isinstance(target, ast.Tuple | ast.List):
+                names += [(e.id, i) for i, e in enumerate(target.elts) if isinstance(e, ast.Name)]
+            for name, item in names:
+                st.new.locals[name] = Lazy(self.ev_new, value, new_scope, item)
+                st.old.locals[name] = Lazy(self.ev_old, value, old_scope, item)
+                (st.tainted.add if tainted else st.tainted.discard)(name)
+
+    def _forget(self, st: _State, stmt: ast.stmt) -> None:
+        """Names a branch or loop may have rebound are unknown after it."""
+        for name in self.ev_new.reader.stores(stmt):
+            st.new.locals[name] = st.old.locals[name] = Val(UNKNOWN)
+            st.tainted.discard(name)
+
+    def _raise(self, stmt: ast.stmt, guards: tuple[Guard, ...], st: _State) -> None:
+        # Inside a followed call the path itself involves the edit; elsewhere a guard must.
+        if st.depth > 0 or any(g.tainted for g in guards):
+            self.raises.append(
+                RaiseSite(st.new.fi, stmt, guards, st.chain, st.in_try, st.runs_at_startup, st.unit)
+            )
+
+    # ------------------------------------------------------------- expressions
+
+    def _expressions(self, facts: StmtFacts, stmt: ast.stmt, st: _State) -> None:
+        if st.depth == 0:
+            for name in self.fields & facts.attrs.keys():
+                for node in facts.attrs[name]:
+                    if self.ev_new.field_value(node) is not None:
+                        self._read(node, name, stmt, facts, st)
+        if st.depth < MAX_CALL_DEPTH and self.budget > 0:
+            for call in facts.calls:
+                self._maybe_follow(call, facts, st)
+
+    def _read(
+        self, node: ast.expr, name: str, stmt: ast.stmt, facts: StmtFacts, st: _State
+    ) -> None:
+        if _in_log_call(node, facts.parents):
+            return
+        context = _boolean_context(node, facts.parents)
+        top = context or node
+        guards = st.guards + self._expr_guards(top, facts, st)
+        ctx = self._guard(context, True, facts, st) if context is not None else None
+        self.reads.append(
+            ReadSite(
+                st.new.fi,
+                node,
+                stmt,
+                name,
+                guards,
+                context,
+                ctx,
+                facts.parents,
+                st.new.snapshot(),
+                st.runs_at_startup,
+            )
+        )
+
+    def _expr_guards(self, target: ast.AST, facts: StmtFacts, st: _State) -> tuple[Guard, ...]:
+        """Conditions inside the expression: earlier `and`/`or` operands, `x if c else y`."""
+        guards: list[Guard] = []
+        child = target
+        while id(child) in facts.parents:
+            parent = facts.parents[id(child)]
+            if isinstance(parent, ast.BoolOp):
+                for operand in parent.values:
+                    if operand is child:
+                        break
+                    guards.append(self._guard(operand, isinstance(parent.op, ast.And), facts, st))
+            elif isinstance(parent, ast.IfExp) and child is not parent.test:
+                guards.append(self._guard(parent.test, child is parent.body, facts, st))
+            child = parent
+        return tuple(reversed(guards))
+
+    def _maybe_follow(self, call: ast.Call, facts: StmtFacts, st: _State) -> None:
+        """Follow a call into its definition when the edit decides what it does: an argument
+        carries an edited value, or the call runs only with the edit."""
+        args = [*call.args, *(k.value for k in call.keywords)]
+        carries = any(self._is_tainted(facts, a, st) for a in args)
+        if not carries and not any(g.tainted for g in st.guards):
+            return
+        if _in_log_call(call, facts.parents):
+            return
+        guards = st.guards + self._expr_guards(call, facts, st)
+        if all_hold(g.holds_new for g in guards) is not True:
+            return
+        if not carries and all_hold(g.holds_old for g in guards) is True:
+            return
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(
+            k.arg is None for k in call.keywords
+        ):
+            return
+        ref = self.ev_new.expr(call.func, st.new).value
+        if not isinstance(ref, FuncRef):
+            return
+        fn = self.ev_new.index.func((ref.fi, ref.ni))
+        key = (ref.fi, ref.ni, carries)
+        if fn.end - fn.start > MAX_CALLEE_LINES or key in self._seen:
+            return
+        self._seen.add(key)
+        stmts = self.ev_new.reader.unit(ref.fi, fn.start, fn.end)
+        if not stmts or not isinstance(stmts[0], ast.FunctionDef | ast.AsyncFunctionDef):
+            return
+        self.budget -= 1
+        args_new = [self.ev_new.expr(a, st.new) for a in call.args]
+        args_old = [self.ev_old.expr(a, st.old) for a in call.args]
+        kw_new = {k.arg: self.ev_new.expr(k.value, st.new) for k in call.keywords if k.arg}
+        kw_old = {k.arg: self.ev_old.expr(k.value, st.old) for k in call.keywords if k.arg}
+        new = self.ev_new.bind(ref, stmts[0], args_new, kw_new)
+        old = self.ev_old.bind(ref, stmts[0], args_old, kw_old)
+        tainted = {
+            name
+            for name, a, b in ((n, new.locals[n], old.locals.get(n)) for n in new.locals)
+            if isinstance(a, Val) and isinstance(b, Val) and not _same_val(a, b)
+        }
+        code = self.ev_new.reader.line(st.new.fi, call.lineno)
+        link: Trace = ("call", st.new.fi, call.lineno, code)
+        inner = _State(
+            guards,
+            new,
+            old,
+            tainted,
+            st.in_try,
+            st.depth + 1,
+            (*st.chain, link),
+            st.runs_at_startup,
+            st.unit,
+        )
+        self._block(stmts[0].body, inner)
+
+
+def _same_val(a: Val, b: Val) -> bool:
+    if not (a.known and b.known):
+        return a.value is b.value
+    try:
+        return bool(a.value == b.value)
+    except Exception:
+        return False
+
+
+def _in_log_call(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _LOG_CALLS:
+                return True
+        if isinstance(node, ast.JoinedStr):
+            return True
+    return False
+
+
+def _boolean_context(node: ast.AST, parents: dict[int, ast.AST]) -> ast.expr | None:
+    """The largest comparison / `and` / `or` / `not` expression around a read."""
+    context: ast.expr | None = None
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if isinstance(parent, ast.Compare | ast.BoolOp) or (
+            isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
+        ):
+            context = parent  # type: ignore[assignment]
+            node = parent
+        else:
+            break
+    return context

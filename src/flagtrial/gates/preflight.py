@@ -1,0 +1,60 @@
+"""The source gate analysis as a preflight step: which host, which edits, which tp."""
+
+from __future__ import annotations
+
+import asyncio
+
+from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.model import GateFinding, GateHost, Outcome
+from flagtrial.launch.change import Change
+from flagtrial.launch.spec import LaunchSpec
+from flagtrial.settings import DeclaredGpu
+from flagtrial.targets.base import HostFacts
+
+ENGINES = ("sglang", "vllm")
+TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
+
+
+def tensor_parallel(argv: list[str]) -> int:
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in TP_FLAGS:
+            text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "1")
+            return int(text) if text.isdigit() else 1
+    return 1
+
+
+def gate_host(host: HostFacts, declared: DeclaredGpu) -> GateHost | None:
+    """The host's own GPUs; else the project's declared GPU; else None (nothing to analyse)."""
+    if host.gpus:
+        return GateHost.from_host_facts(host, cuda_version=declared.cuda)
+    if declared.compute_cap:
+        return GateHost.sm(declared.compute_cap.replace(".", ""), cuda=declared.cuda,
+                           gpus=declared.count)  # fmt: skip
+    return None
+
+
+async def analyze(
+    engine: str, version: str | None, change: Change, candidate: LaunchSpec, host: GateHost | None
+) -> list[GateFinding]:
+    """Findings for every add/set edit; [] where the analysis does not apply. Runs in a
+    thread: the index may take seconds to build the first time for a version."""
+    edits = [(e.name, e.value) for e in change.edits if e.op in ("add", "set")]
+    if engine not in ENGINES or not version or host is None or not edits:
+        return []
+    tp = tensor_parallel(candidate.argv)
+    return await asyncio.to_thread(analyze_change, engine, version, edits, host, tp)
+
+
+def failing(findings: list[GateFinding]) -> list[GateFinding]:
+    return [f for f in findings if f.outcome == Outcome.FAILS]
+
+
+def reasons(findings: list[GateFinding]) -> list[str]:
+    """One line per finding that matters to a verdict: a flag that cannot act here."""
+    return [
+        f"source gate: {f.flag}{'' if f.value is None else ' ' + f.value}: {f.outcome.value} "
+        f"({f.reason})"
+        for f in findings
+        if f.outcome in (Outcome.NO_OP, Outcome.FAILS)
+    ]
