@@ -268,3 +268,28 @@ def shared_dir_with(dest: Path, llama_server: Path, model: Path) -> Path:
     shutil.copy2(llama_server, dest / "llama-server")
     shutil.copy2(model, dest / "tiny.gguf")
     return dest
+
+
+@contextlib.contextmanager
+def llama_host(
+    n: int, tmp_path_factory: pytest.TempPathFactory, llama_server: Path, model: Path
+) -> Iterator[SystemdHost]:
+    """A booted host ft-N with llama-server and `model` (as tiny.gguf) under /opt/shared."""
+    require_root()
+    shared = shared_dir_with(tmp_path_factory.mktemp("shared"), llama_server, model)
+    with systemd_host(n, shared, tmp_path_factory.mktemp("ft-host")) as h:
+        yield h
+
+
+def ssh_project(host: SystemdHost, path: Path, unit_text: str, tables: str) -> Path:
+    """Install llama.service with `unit_text` on the host and write a project file for it
+    (strict host keys, the test key, no ~/.ssh/config); `tables` adds [workload], [policy]."""
+    host.reset_unit("llama.service")
+    host.install_unit("llama.service", unit_text)
+    path.write_text(
+        f'target = "{host.url}"\nunit = "llama.service"\nendpoint = "{host.endpoint}"\n'
+        "ready_timeout_s = 30\n"
+        f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
+        'ssh_config = "/dev/null"\nconnect_timeout_s = 5\n' + tables
+    )
+    return path

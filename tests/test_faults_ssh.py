@@ -24,7 +24,7 @@ from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
-from hosts import TEST_KEY, SystemdHost, llama_unit, require_root, shared_dir_with, systemd_host
+from hosts import SystemdHost, llama_host, llama_unit, ssh_project
 
 pytestmark = pytest.mark.slow
 
@@ -38,27 +38,20 @@ CHANGE = ("--set", "--parallel=-1")
 def host(
     tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
 ) -> Iterator[SystemdHost]:
-    require_root()
-    shared = shared_dir_with(tmp_path_factory.mktemp("shared"), llama_server_bin, tiny_model)
-    with systemd_host(N, shared, tmp_path_factory.mktemp("ft-host")) as h:
+    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
         yield h
 
 
 @pytest.fixture
 def project(host: SystemdHost, tmp_path: Path) -> Path:
     host.sh("systemctl start ssh.service")
-    host.reset_unit("llama.service")
-    host.install_unit("llama.service", KNOWN_GOOD)
-    path = tmp_path / "flagtrial.toml"
-    path.write_text(
-        f'target = "{host.url}"\nunit = "llama.service"\nendpoint = "{host.endpoint}"\n'
-        "ready_timeout_s = 30\n"
-        f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
-        'ssh_config = "/dev/null"\nconnect_timeout_s = 5\n'
+    return ssh_project(
+        host,
+        tmp_path / "flagtrial.toml",
+        KNOWN_GOOD,
         "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
-        "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n[policy]\nruns = 2\n"
+        "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n[policy]\nruns = 2\n",
     )
-    return path
 
 
 def cli(project: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
