@@ -85,7 +85,8 @@ class Project:
 
     def stop(self) -> None:
         self.cli("recover")  # leaves nothing half-done before the server is stopped
-        pid_file = self.root / ".flagtrial" / "process" / "server.json"
+        # the process target keeps its state next to the ledger
+        pid_file = self.ledger_path.parent / "process" / "server.json"
         if pid_file.exists():
             pid = json.loads(pid_file.read_text())["pid"]
             with contextlib.suppress(ProcessLookupError):
@@ -197,11 +198,13 @@ def test_second_interrupt_leaves_a_journal_that_recover_completes(make_project) 
 def test_disk_full_under_the_ledger(make_project, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    made_here: list[Project] = []  # stopped before the tmpfs holding their state goes
     mount = tmp_path / "small"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
     try:
         project = make_project(ledger=str(mount / "ledger.db"))
+        made_here.append(project)
         known_good = project.unit.read_text()
         capacity = project.facts()
         filler = mount / "filler"
@@ -228,4 +231,6 @@ def test_disk_full_under_the_ledger(make_project, tmp_path: Path) -> None:  # ty
         before = project.ledger_rows()
         check_recovered(project, known_good, capacity, before, "ledger faults")
     finally:
+        for project in made_here:
+            project.stop()
         subprocess.run(["umount", "-l", str(mount)], check=False)
