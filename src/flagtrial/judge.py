@@ -1,34 +1,59 @@
-"""Statistics and policy -> verdict.
+"""Effects with intervals, and policy -> Verdict.
 
 The effect of a change on a metric is the ratio of geometric means of the per-run values,
-candidate over baseline, with a Welch t interval computed on log-scale run values: run
-throughputs are positive and their noise is multiplicative, so a log scale makes the interval
-symmetric in ratio terms and the relative change is what the policy's margins are written in.
+candidate over baseline. `judge` is the fixed protocol (all baseline runs, then all candidate
+runs): a Welch t interval on log-scale run values. The sequential protocols
+(flagtrial.sequential) compute their own intervals and reach a verdict through `decide`, so
+one set of rules turns any interval into KEEP, REVERT or INCONCLUSIVE.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
-from scipy import stats
 
+from flagtrial import stats
 from flagtrial.facts import FactsDiff
+from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.settings import Policy
 
 Decision = Literal["KEEP", "REVERT", "INCONCLUSIVE"]
+# What the primary metric's interval showed, whatever the guardrails say.
+Finding = Literal["gain", "harm", "equivalent", "unresolved"]
 
-# metric -> (label, higher is better)
+# metric -> (label, higher is better); all but goodput are RunSummary fields.
 METRICS: dict[str, tuple[str, bool]] = {
     "output_tok_s": ("output tok/s", True),
     "request_rate": ("requests/s", True),
+    "goodput": ("goodput req/s", True),
     "ttft_p50": ("TTFT p50", False),
     "ttft_p99": ("TTFT p99", False),
     "itl_p50": ("ITL p50", False),
 }
+
+
+def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> float:
+    """Requests per second that succeeded within both limits: TTFT, and mean inter-token
+    latency (time per output token after the first). Over the run's whole duration.
+
+    None good counts as half a request: a collapse must show as a large drop on the log
+    scale, not as a run without a value."""
+    if not records:
+        return 0.0
+    duration = max(r.end for r in records) - min(r.start for r in records)
+    good = sum(
+        1
+        for r in records
+        if r.ok
+        and r.ttft_s is not None
+        and r.ttft_s <= ttft_max_s
+        and (not r.itl_s or sum(r.itl_s) / len(r.itl_s) <= itl_max_s)
+    )
+    return max(good, 0.5) / duration if duration > 0 else 0.0
 
 
 class Effect(BaseModel):
@@ -57,27 +82,14 @@ class Verdict(BaseModel):
     decision: Decision
     reasons: list[str]
     effects: list[Effect]
+    finding: Finding | None = None
 
 
 def relative_change(
     baseline: list[float], candidate: list[float], confidence: float
 ) -> tuple[float, float, float]:
     """Relative change in % with its confidence interval (Welch t on log values)."""
-    a = np.log(np.asarray(baseline, dtype=float))
-    b = np.log(np.asarray(candidate, dtype=float))
-    diff = float(b.mean() - a.mean())
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0.0:
-        half = 0.0
-    else:
-        df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-        half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
-
-    def pct(x: float) -> float:
-        return (math.exp(x) - 1.0) * 100.0
-
-    return pct(diff), pct(diff - half), pct(diff + half)
+    return stats.welch_interval(np.log(baseline), np.log(candidate), confidence).pct
 
 
 def effects(
@@ -86,6 +98,8 @@ def effects(
     out = []
     for level in sorted(set(baseline) & set(candidate)):
         for metric in METRICS:
+            if metric not in RunSummary.model_fields:
+                continue
             a = [getattr(r, metric) for r in baseline[level]]
             b = [getattr(r, metric) for r in candidate[level]]
             if len(a) < 2 or len(b) < 2 or any(v is None or v <= 0 for v in (*a, *b)):
@@ -128,15 +142,28 @@ def judge(
     baseline: dict[int, list[RunSummary]],
     candidate: dict[int, list[RunSummary]],
 ) -> Verdict:
+    """The fixed protocol's verdict: Welch t intervals on all runs of each arm."""
+    found = effects(baseline, candidate, policy.confidence)
+    return decide(policy, diff, found, baseline, candidate)
+
+
+def decide(
+    policy: Policy,
+    diff: FactsDiff,
+    found: list[Effect],
+    baseline: dict[int, list[RunSummary]],
+    candidate: dict[int, list[RunSummary]],
+    notes: Sequence[str] = (),
+) -> Verdict:
     """One primary metric decides gain or harm; capacity, p99 TTFT and errors are guardrails.
 
     "No real gain, but a cost" is a REVERT: a guardrail breach needs a proven gain to be
-    even discussed, and here guardrails are hard limits, so any breach reverts.
+    even discussed, and here guardrails are hard limits, so any breach reverts. `notes` (how
+    the measurement ended, disturbed runs) follow the deciding reason.
     """
-    found = effects(baseline, candidate, policy.confidence)
     level = policy.primary_concurrency or max(baseline)
     costs: list[str] = []
-    reasons: list[str] = []
+    reasons: list[str] = list(notes)
 
     capacity = capacity_breach(policy, diff)
     if capacity:
@@ -171,19 +198,29 @@ def judge(
     primary = _find(found, policy.primary_metric, level)
     if primary is None:
         return Verdict(
-            decision="INCONCLUSIVE",
+            decision="REVERT" if costs else "INCONCLUSIVE",
             effects=found,
+            finding="unresolved",
             reasons=[
+                f"no usable {METRICS[policy.primary_metric][0]} runs at c={level}",
                 *costs,
                 *reasons,
-                f"no usable {METRICS[policy.primary_metric][0]} runs at c={level}",
             ],
         )
 
-    if primary.hi_pct < -policy.harm_margin_pct:
+    eq_lo, eq_hi = policy.equivalence_bounds_pct
+    finding = stats.classify(
+        primary.lo_pct,
+        primary.hi_pct,
+        policy.improvement_margin_pct,
+        policy.harm_margin_pct,
+        (eq_lo, eq_hi),
+    )
+    if finding == "harm":
         return Verdict(
             decision="REVERT",
             effects=found,
+            finding=finding,
             reasons=[
                 f"harmful: {primary.describe()}, "
                 f"the whole interval below -{policy.harm_margin_pct:g} %",
@@ -191,18 +228,19 @@ def judge(
                 *reasons,
             ],
         )
-    gain = primary.lo_pct > policy.improvement_margin_pct
     if costs:
-        why = "a gain that breaks a guardrail" if gain else "no real gain, but a cost"
+        why = "a gain that breaks a guardrail" if finding == "gain" else "no real gain, but a cost"
         return Verdict(
             decision="REVERT",
             effects=found,
+            finding=finding or "unresolved",
             reasons=[f"{why}: {primary.describe()}", *costs, *reasons],
         )
-    if gain:
+    if finding == "gain":
         return Verdict(
             decision="KEEP",
             effects=found,
+            finding=finding,
             reasons=[
                 f"real improvement: {primary.describe()}, the whole interval above "
                 f"+{policy.improvement_margin_pct:g} %",
@@ -210,13 +248,16 @@ def judge(
                 *reasons,
             ],
         )
-    margin = policy.improvement_margin_pct
-    if -policy.harm_margin_pct < primary.lo_pct and primary.hi_pct < margin:
-        what = "no effect beyond the margins"
+    if finding == "equivalent":
+        what = (
+            "no effect beyond the margins "
+            f"(the whole interval inside +-{policy.equivalence_margin_pct:g} %)"
+        )
     else:
         what = "the interval is too wide to tell"
     return Verdict(
         decision="INCONCLUSIVE",
         effects=found,
+        finding=finding or "unresolved",
         reasons=[f"{what}: {primary.describe()}", "no guardrail breached", *reasons],
     )

@@ -19,8 +19,14 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    primary_metric: Literal["output_tok_s", "request_rate"] = Field(
-        "output_tok_s", description="the objective: higher is better"
+    primary_metric: Literal["output_tok_s", "request_rate", "goodput"] = Field(
+        "output_tok_s",
+        description="the objective, higher is better; goodput: requests/s meeting the "
+        "goodput_ttft_max_s and goodput_itl_max_s limits",
+    )
+    goodput_ttft_max_s: float = Field(1.0, gt=0, description="goodput: a request's TTFT limit")
+    goodput_itl_max_s: float = Field(
+        0.1, gt=0, description="goodput: a request's mean inter-token latency limit"
     )
     primary_concurrency: int | None = Field(
         None, description="concurrency level the objective is read at (default: the highest)"
@@ -43,11 +49,54 @@ class Policy(BaseModel):
     error_rate_max: float = Field(
         0.0, ge=0, le=1, description="guardrail: candidate error rate above this reverts"
     )
-    runs: int = Field(3, ge=2, description="measured runs per concurrency level and arm")
+    equivalence_margin_pct: float = Field(
+        5.0,
+        gt=0,
+        description="no effect, and the measurement stops, when the whole interval lies "
+        "inside +-this",
+    )
+    runs: int = Field(
+        3, ge=2, description="fixed protocol: runs per level and arm; before/after: A runs before"
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence of the intervals")
+    protocol: Literal["auto", "interleaved", "before-after"] = Field(
+        "auto",
+        description="interleaved A B A B restart blocks, or A before, B after and an A "
+        "re-check; auto: interleaved when restarts are cheap against a run",
+    )
+    restart_overhead_max: float = Field(
+        0.25,
+        gt=0,
+        lt=1,
+        description="auto: interleave when a restart costs at most this share of a block",
+    )
+    max_runs: int = Field(
+        40, ge=2, description="bound: runs per arm at the primary level, disturbed ones included"
+    )
+    max_seconds: float = Field(
+        900.0, gt=0, description="bound: wall seconds of measurement, restarts included"
+    )
+    recheck_runs: int = Field(3, ge=2, description="before/after: runs of the A re-check")
+    autocorrelation: float = Field(
+        0.6, ge=0, lt=1, description="before/after: least lag-1 correlation of back-to-back runs"
+    )
+    drift_pct_per_hour: float = Field(
+        40.0, ge=0, description="before/after: drift bound until the re-check measures it"
+    )
+    foreign_cpu_max_cores: float = Field(
+        0.5, gt=0, description="a run with more foreign CPU load than this is disturbed"
+    )
+    disturbed_max_fraction: float = Field(
+        0.5, gt=0, le=1, description="more disturbed runs than this: too busy to measure"
+    )
     on_inconclusive: Literal["revert", "keep"] = Field(
         "revert", description="what happens to the server when the answer is INCONCLUSIVE"
     )
+
+    @property
+    def equivalence_bounds_pct(self) -> tuple[float, float]:
+        """(low, high) of the no-effect region."""
+        return -self.equivalence_margin_pct, self.equivalence_margin_pct
 
 
 class Ssh(BaseModel):

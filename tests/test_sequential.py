@@ -1,0 +1,312 @@
+"""The sequential procedure on constructed and simulated runs: schedule, stopping, verdicts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from flagtrial.facts import Facts, diff_facts
+from flagtrial.judge import goodput
+from flagtrial.load.client import RequestRecord
+from flagtrial.load.summary import RunSummary
+from flagtrial.sequential import Continue, Design, Sequential, Stop, choose_design
+from flagtrial.settings import Policy
+
+FACTS = Facts(engine="llamacpp", capacity={"concurrent_requests": 8}, settings={"n_slots": 8})
+NO_DIFF = diff_facts(FACTS, FACTS, set())
+INTERLEAVED = Design("interleaved", 1, "test")
+BEFORE_AFTER = Design("before-after", 3, "test")
+
+
+def summary(tok_s: float, *, ttft: float = 0.5, errors: int = 0, c: int = 8) -> RunSummary:
+    n = 16
+    return RunSummary(
+        concurrency=c,
+        n_requests=n,
+        n_ok=n - errors,
+        n_errors=errors,
+        error_rate=errors / n,
+        duration_s=5.0,
+        output_tokens=int(tok_s * 5),
+        output_tok_s=tok_s,
+        request_rate=(n - errors) / 5,
+        ttft_p50=ttft,
+        ttft_p90=ttft,
+        ttft_p99=ttft,
+        itl_p50=0.01,
+        itl_p90=0.01,
+        itl_p99=0.01,
+        e2e_p50=1.0,
+        errors={"HTTP 500": errors} if errors else {},
+    )
+
+
+Source = Callable[[Continue, int], RunSummary]
+
+
+def drive(seq: Sequential, source: Source, levels: tuple[int, ...] = (8,)) -> Stop:
+    """Answer every Continue with one run per level from `source(step, index)`."""
+    index = 0
+    while isinstance(step := seq.decision(), Continue):
+        for level in levels:
+            seq.observe(step.arm, level, source(step, index))
+        index += 1
+    return step
+
+
+def noisy(effect_pct: float, cv: float, seed: int, **kw: float) -> Source:
+    """Runs with AR(1) noise (lag-1 0.6), the candidate `effect_pct` faster."""
+    rng = np.random.default_rng(seed)
+    state = [0.0]
+
+    def source(step: Continue, index: int) -> RunSummary:
+        state[0] = 0.6 * state[0] + rng.normal(0, cv * 0.8)
+        effect = math.log1p(effect_pct / 100) if step.arm == "candidate" else 0.0
+        return summary(300 * math.exp(state[0] + effect), **kw)
+
+    return source
+
+
+def test_design_follows_restart_cost() -> None:
+    p = Policy()
+    assert choose_design(p, restart_s=0.4, run_s=5.0).kind == "interleaved"
+    assert choose_design(p, restart_s=0.4, run_s=5.0).runs_per_block == 1
+    assert choose_design(p, restart_s=4.0, run_s=5.0).runs_per_block == 3
+    big = choose_design(p, restart_s=180.0, run_s=30.0)
+    assert big.kind == "before-after" and "restart 180.0s" in big.why
+    assert choose_design(Policy(protocol="before-after"), 0.4, 5.0).kind == "before-after"
+    assert choose_design(Policy(protocol="interleaved"), 180.0, 30.0).kind == "interleaved"
+
+
+def test_interleaved_schedule_alternates_restart_blocks() -> None:
+    seq = Sequential(Policy(), [4, 8], Design("interleaved", 2, "test"))
+    steps = []
+    for _ in range(6):
+        step = seq.decision()
+        assert isinstance(step, Continue)
+        steps.append((step.arm, step.restart, step.warmup))
+        for level in (4, 8):
+            seq.observe(step.arm, level, summary(300.0))
+    assert steps == [
+        ("baseline", False, True),  # the server as found: a probe, never paired
+        ("baseline", False, False),
+        ("baseline", True, True),
+        ("baseline", False, False),
+        ("candidate", True, True),
+        ("candidate", False, False),
+    ]
+
+
+def test_observe_must_follow_the_plan() -> None:
+    seq = Sequential(Policy(), [4, 8], INTERLEAVED)
+    step = seq.decision()
+    assert isinstance(step, Continue) and step.arm == "baseline"
+    with pytest.raises(ValueError, match="not asked for"):
+        seq.observe("candidate", 8, summary(300.0))
+    seq.observe("baseline", 8, summary(300.0))
+    with pytest.raises(ValueError, match=r"missing c=\[4\]"):
+        seq.decision()
+
+
+def test_clear_gain_stops_early_and_keeps() -> None:
+    policy = Policy()
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(15.0, 0.02, seed=1))
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "KEEP" and verdict.finding == "gain"
+    assert len(stop.candidate[8]) <= 8  # far below the 40-run bound
+    assert verdict.reasons[0].startswith("real improvement: output tok/s at c=8")
+    assert any("the interval shows a gain after" in r for r in verdict.reasons)
+
+
+def test_clear_harm_stops_early_and_reverts() -> None:
+    policy = Policy()
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(-15.0, 0.02, seed=2))
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "REVERT" and verdict.finding == "harm"
+    assert len(stop.candidate[8]) <= 8
+
+
+def test_no_effect_is_shown_equivalent() -> None:
+    policy = Policy()
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.02, seed=3))
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "INCONCLUSIVE" and verdict.finding == "equivalent"
+    assert verdict.reasons[0].startswith("no effect beyond the margins")
+
+
+def test_bound_in_runs_gives_inconclusive_with_the_interval() -> None:
+    policy = Policy(max_runs=10)
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.15, seed=4))
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "INCONCLUSIVE" and verdict.finding == "unresolved"
+    assert (len(stop.baseline[8]), len(stop.candidate[8])) == (10, 9)  # 1 probe, 9 pairs
+    assert verdict.reasons[0].startswith("the interval is too wide to tell: output tok/s")
+    assert " .. " in verdict.reasons[0]
+    assert any(r.startswith("bound: 10 runs per arm") for r in verdict.reasons)
+
+
+def test_bound_in_seconds() -> None:
+    policy = Policy(max_seconds=60)
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.15, seed=5))
+    assert stop.seconds <= 60
+    assert stop.why.startswith("bound: 60s of measurement")
+
+
+def test_disturbed_runs_are_set_aside_with_their_reason() -> None:
+    policy = Policy()
+    seq = Sequential(policy, [8], INTERLEAVED)
+    source = noisy(15.0, 0.02, seed=6)
+    index = 0
+    arms = []
+    while isinstance(step := seq.decision(), Continue):
+        arms.append(step.arm)
+        run = source(step, index)
+        slow = index % 5 == 4  # every fifth run: a foreign burst halves it
+        if slow:
+            run = summary(run.output_tok_s / 2)
+        why = "disturbed: foreign CPU 1.9 cores" if slow else None
+        seq.observe(step.arm, 8, run, disturbed=why)
+        index += 1
+    # the block after a disturbed one measures the same arm again
+    assert all(arms[i + 1] == arms[i] for i in range(4, len(arms) - 1, 5))
+    verdict = step.verdict(policy, NO_DIFF)
+    assert verdict.decision == "KEEP"
+    assert all(r.output_tok_s > 200 for r in stop_runs(step))
+    assert any("set aside as disturbed" in r and "1.9 cores" in r for r in verdict.reasons)
+
+
+def stop_runs(stop: Stop) -> list[RunSummary]:
+    return [r for runs in (*stop.baseline.values(), *stop.candidate.values()) for r in runs]
+
+
+def test_machine_too_busy_to_measure() -> None:
+    policy = Policy()
+    seq = Sequential(policy, [8], INTERLEAVED)
+    while isinstance(step := seq.decision(), Continue):
+        seq.observe(step.arm, 8, summary(300.0), disturbed="disturbed: foreign CPU 1.5 cores")
+    verdict = step.verdict(policy, NO_DIFF)
+    assert verdict.decision == "INCONCLUSIVE"
+    assert any("machine too busy to measure: 10 of 10 runs" in r for r in verdict.reasons)
+
+
+def test_candidate_errors_stop_at_once_and_revert() -> None:
+    policy = Policy()
+    seq = Sequential(policy, [8], INTERLEAVED)
+    stop = drive(seq, lambda step, i: summary(300.0, errors=2 if step.arm == "candidate" else 0))
+    assert len(stop.candidate[8]) == 1
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "REVERT"
+    assert any("2/16 requests failed" in r for r in verdict.reasons)
+
+
+def test_latency_guardrail_stops_early_and_reverts() -> None:
+    policy = Policy()
+    rng = np.random.default_rng(7)
+
+    def source(step: Continue, index: int) -> RunSummary:
+        ttft = 0.5 * (1.6 if step.arm == "candidate" else 1.0) * math.exp(rng.normal(0, 0.03))
+        return summary(300 * math.exp(rng.normal(0, 0.05)), ttft=ttft)
+
+    stop = drive(Sequential(policy, [8], INTERLEAVED), source)
+    verdict = stop.verdict(policy, NO_DIFF)
+    assert verdict.decision == "REVERT"
+    assert stop.why.startswith("latency guardrail breached")
+    assert any(r.startswith("latency guardrail: TTFT p99 at c=8") for r in verdict.reasons)
+
+
+def test_capacity_loss_reverts_a_sequential_gain() -> None:
+    policy = Policy()
+    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(15.0, 0.02, seed=8))
+    smaller = Facts(engine="llamacpp", capacity={"concurrent_requests": 4}, settings={})
+    verdict = stop.verdict(policy, diff_facts(FACTS, smaller, set()))
+    assert verdict.decision == "REVERT"
+    assert verdict.reasons[0].startswith("a gain that breaks a guardrail")
+
+
+def test_wrong_verdicts_are_rare_on_simulated_trials() -> None:
+    """A true 5 % harm, CV 3 %, lag-1 0.6: 300 trials, no KEEP; the truth is mostly found."""
+    policy = Policy()
+    decisions = []
+    for seed in range(300):
+        stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(-5.0, 0.03, seed=100 + seed))
+        decisions.append(stop.verdict(policy, NO_DIFF).decision)
+    assert decisions.count("KEEP") == 0
+    assert decisions.count("REVERT") >= 270
+
+
+def test_before_after_schedule_and_recheck() -> None:
+    policy = Policy(runs=3, recheck_runs=2)
+    seq = Sequential(policy, [8], BEFORE_AFTER)
+    plan = []
+    source = noisy(20.0, 0.01, seed=9)
+    index = 0
+    while isinstance(step := seq.decision(), Continue):
+        plan.append((step.arm, step.restart))
+        seq.observe(step.arm, 8, source(step, index))
+        index += 1
+    phases = [plan[0], plan[3]]
+    assert phases == [("baseline", False), ("candidate", True)]
+    assert plan[:3] == [("baseline", False)] * 3
+    assert plan[-2:] == [("baseline", True), ("baseline", False)]  # the re-check
+    assert step.installed == "baseline"
+    verdict = step.verdict(policy, NO_DIFF)
+    assert verdict.decision == "KEEP"
+    assert any(r.startswith("known-good drift:") for r in verdict.reasons)
+    assert any(r.startswith("before the re-check") for r in verdict.reasons)
+
+
+def test_before_after_recheck_catches_drift() -> None:
+    """No effect, but the machine speeds up 1 % a run: before/after alone would call it a
+    gain; the re-check measures the drift, and the interval covers 0."""
+    policy = Policy(runs=4, recheck_runs=4, drift_pct_per_hour=0.0, autocorrelation=0.0)
+    seq = Sequential(policy, [8], BEFORE_AFTER)
+    rng = np.random.default_rng(10)
+    index = 0
+    while isinstance(step := seq.decision(), Continue):
+        seq.observe(step.arm, 8, summary(300 * math.exp(0.01 * index + rng.normal(0, 0.002))))
+        index += 1
+    verdict = step.verdict(policy, NO_DIFF)
+    assert seq.interim is not None and seq.interim.est > math.log(1.04)
+    assert verdict.decision != "KEEP"
+    primary = next(e for e in verdict.effects if e.metric == "output_tok_s")
+    assert primary.lo_pct < 0 < primary.hi_pct
+
+
+def test_goodput_as_the_primary_metric() -> None:
+    def records(ttft: float, n: int = 16) -> list[RequestRecord]:
+        return [
+            RequestRecord(True, None, 200, i * 0.25, i * 0.25 + 1.0, ttft, [0.02] * 10, 11)
+            for i in range(n)
+        ]
+
+    fast, slow = records(0.5), records(1.5)  # limit 1.0 s: all good, none good
+    assert goodput(fast, 1.0, 0.1) == pytest.approx(16 / 4.75)
+    policy = Policy(primary_metric="goodput", goodput_ttft_max_s=1.0)
+    seq = Sequential(policy, [8], INTERLEAVED)
+    rng = np.random.default_rng(11)
+    while isinstance(step := seq.decision(), Continue):
+        recs = slow if step.arm == "candidate" and rng.random() < 0.5 else fast
+        seq.observe(step.arm, 8, summary(300.0), records=recs)
+    verdict = step.verdict(policy, NO_DIFF)
+    assert verdict.decision == "REVERT"
+    assert verdict.reasons[0].startswith("harmful: goodput req/s at c=8")
+
+
+@pytest.mark.parametrize("design", [INTERLEAVED, BEFORE_AFTER])
+def test_design_chosen_after_the_first_block(design: Design) -> None:
+    """The first block is the same in both designs, so its run time can choose the design."""
+    seq = Sequential(Policy(runs=3), [8], None)
+    first = seq.decision()
+    assert isinstance(first, Continue)
+    assert (first.arm, first.restart, first.warmup) == ("baseline", False, True)
+    seq.observe("baseline", 8, summary(300.0))
+    with pytest.raises(ValueError, match="assign a design"):
+        seq.decision()
+    seq.design = choose_design(Policy(protocol=design.kind), restart_s=0.4, run_s=5.0)
+    second = seq.decision()
+    assert isinstance(second, Continue)
+    # interleaved: the first paired block restarts the known-good; before-after goes on
+    assert (second.arm, second.restart) == ("baseline", design.kind == "interleaved")
