@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,22 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flagtrial.cache import llama_server_path
+from flagtrial.demo import free_port
 from flagtrial.modelgen import generate_model
-
-LLAMA_SERVER_VERSION = "0.3.36"
-
-
-def _llama_server_path() -> Path:
-    explicit = os.environ.get("FLAGTRIAL_LLAMA_SERVER")
-    if explicit:
-        return Path(explicit)
-    cache = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
-    return cache / f"llama-server-{LLAMA_SERVER_VERSION}" / "llama-server"
 
 
 @pytest.fixture(scope="session")
 def llama_server_bin() -> Path:
-    path = _llama_server_path()
+    path = llama_server_path()
     if not path.exists():
         # make test builds it first; a missing binary is a set-up failure, not a skip.
         pytest.fail(f"llama-server not built at {path}: run scripts/build-llama-server.sh")
@@ -48,12 +38,6 @@ def tiny_model(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def small_model(models_dir: Path) -> Path:
     return generate_model(models_dir / "small.gguf", size="small", seed=1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, timeout_s: float = 30.0) -> None:

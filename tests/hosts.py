@@ -25,8 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from flagtrial.cache import cache_root
+
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
+CACHE = cache_root()
 TEST_KEY = CACHE / "test-ssh" / "id_ed25519"
 PID_DIR = Path("/run/flagtrial-test")
 BOOT_TIMEOUT_S = 60.0

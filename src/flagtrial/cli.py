@@ -23,6 +23,7 @@ from flagtrial.gates import preflight as gating
 from flagtrial.gates.analyze import analyze_change, render_text
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.change import Change
+from flagtrial.launch.schema import flag_value
 from flagtrial.ledger import FINISHED_STATES, Ledger
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
 from flagtrial.targets import make_target
@@ -252,19 +253,10 @@ async def _inspect_unit(target: str, unit: str, ssh: Ssh, accept_new: bool) -> t
     engine = detect_engine(spec.argv)
     if engine is None:
         raise FlagtrialError(f"{unit}: cannot tell the engine from {spec.argv[:3]} (use --engine)")
-    address, port = _flag_value(spec.argv, "--host"), _flag_value(spec.argv, "--port")
+    address, port = flag_value(spec.argv, ("--host",)), flag_value(spec.argv, ("--port",))
     if address in (None, "0.0.0.0", "::"):
         address = urlsplit(target).hostname if target.startswith("ssh://") else "127.0.0.1"
     return engine, f"http://{address}:{port or DEFAULT_PORTS[engine]}"
-
-
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if word.startswith(flag + "="):
-            return word.split("=", 1)[1]
-    return None
 
 
 @app.command()
@@ -585,11 +577,12 @@ def demo(
 ) -> None:
     """Replay the seed story on a local llama-server: a change that silently halves serving
     capacity with no throughput gain is found from the server's own facts, reverted and verified."""
-    from flagtrial.demo import DEMO_CHANGE, default_llama_server, free_port, prepare
+    from flagtrial.cache import llama_server_path
+    from flagtrial.demo import DEMO_CHANGE, free_port, prepare
 
-    if not default_llama_server().exists():
+    if not llama_server_path().exists():
         ui.err_console.print(
-            f"[red]error:[/red] llama-server not built at {default_llama_server()} "
+            f"[red]error:[/red] llama-server not built at {llama_server_path()} "
             "(run `make demo`, which builds it)"
         )
         raise typer.Exit(5)

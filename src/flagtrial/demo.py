@@ -9,10 +9,10 @@ found from the server's own /props, not from reading the flags.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 
+from flagtrial.cache import llama_server_path
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.execwords import literal_word, quote_word
 from flagtrial.modelgen import generate_model
@@ -29,13 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def default_llama_server() -> Path:
-    cache = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
-    return Path(
-        os.environ.get("FLAGTRIAL_LLAMA_SERVER", cache / "llama-server-0.3.36" / "llama-server")
-    )
 
 
 def write_unit(path: Path, server: Path, model: Path, port: int) -> None:
@@ -89,7 +82,7 @@ def prepare(workdir: Path, port: int) -> Path:
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model = generate_model(workdir / "demo-small.gguf", size="small", seed=1)
-    write_unit(workdir / "llama-demo.service", default_llama_server(), model, port)
+    write_unit(workdir / "llama-demo.service", llama_server_path(), model, port)
     project = workdir / "flagtrial.toml"
     write_project(project, "llama-demo.service", port)
     return project

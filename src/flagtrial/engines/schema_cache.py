@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
+from flagtrial.cache import cache_root
 from flagtrial.errors import TargetError
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial")) / "schemas"
+    return cache_root() / "schemas"
 
 
 async def help_schema(target: Target, engine: str, program: list[str]) -> FlagSchema:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from flagtrial.cache import cache_root
 from flagtrial.gates.flags import LAYOUTS, EngineLayout, FlagTable, read_flag_table
-from flagtrial.gates.wheel import cache_root, file_lock
+from flagtrial.gates.wheel import file_lock
 
 # The cache key changes with the code that builds the index (and reads the flags).
 INDEX_FORMAT = hashlib.sha256(

@@ -7,6 +7,7 @@ import asyncio
 from flagtrial.gates.analyze import analyze_change
 from flagtrial.gates.model import GateFinding, GateHost, Outcome
 from flagtrial.launch.change import Change
+from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts
@@ -16,12 +17,8 @@ TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
 
 
 def tensor_parallel(argv: list[str]) -> int:
-    for i, word in enumerate(argv):
-        name, eq, value = word.partition("=")
-        if name in TP_FLAGS:
-            text = value if eq else (argv[i + 1] if i + 1 < len(argv) else "1")
-            return int(text) if text.isdigit() else 1
-    return 1
+    text = flag_value(argv, TP_FLAGS) or "1"
+    return int(text) if text.isdigit() else 1
 
 
 def gate_host(host: HostFacts, declared: DeclaredGpu) -> GateHost | None:

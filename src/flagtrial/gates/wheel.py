@@ -7,7 +7,6 @@ Only the `.py` files and the dist-info are extracted (the analysis reads nothing
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
@@ -17,11 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from flagtrial.cache import cache_root
 from flagtrial.errors import TargetError
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
 
 
 @contextmanager

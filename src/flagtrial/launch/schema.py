@@ -364,3 +364,15 @@ def parse_argv(argv: list[str], schema: FlagSchema) -> list[ArgItem]:
         i += len(values)
         items.append(ArgItem(flag, (word, *values), tuple(values), name))
     return items
+
+
+def flag_value(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the first of `names` in argv (`--f v` or `--f=v`), read without a schema:
+    for the few flags flagtrial needs before it has one (ports, tensor parallel size)."""
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in names:
+            if eq:
+                return value
+            return argv[i + 1] if i + 1 < len(argv) else None
+    return None

@@ -24,6 +24,7 @@ from flagtrial.launch.execwords import expand_env, expand_words
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import HostFacts, ServerState
 from flagtrial.targets.hostfacts import collect_host_facts
+from flagtrial.targets.systemd import LocalRunner
 
 STOP_GRACE_S = 10.0
 
@@ -225,19 +226,8 @@ class ProcessTarget:
         return held_by or "an unknown holder"
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-            )
-        except OSError as e:
-            return 127, f"{argv[0]}: {e.strerror}"
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return 124, f"{argv[0]}: timed out after {timeout_s:g}s"
-        return proc.returncode or 0, out.decode(errors="replace")
+        r = await LocalRunner().exec(argv, timeout_s=timeout_s, merge_stderr=True)
+        return r.returncode, r.output
 
     async def host_facts(self) -> HostFacts:
         return await collect_host_facts(self.run)

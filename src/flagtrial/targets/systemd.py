@@ -82,6 +82,11 @@ class Completed:
     stdout: bytes
     stderr: bytes  # empty when stderr was merged into stdout
 
+    @property
+    def output(self) -> str:
+        """All the command printed (and why it could not run, for 127 and 124)."""
+        return (self.stdout + self.stderr).decode(errors="replace")
+
 
 class Held(Protocol):
     """A long-running command on the host, alive until released."""
@@ -456,7 +461,7 @@ class SystemdTarget:
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         r = await self._exec(argv, timeout_s=timeout_s, merge_stderr=True)
-        return r.returncode, r.stdout.decode(errors="replace")
+        return r.returncode, r.output
 
     async def host_facts(self) -> HostFacts:
         return await collect_host_facts(self.run)
