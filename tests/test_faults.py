@@ -31,7 +31,9 @@ from flagtrial.trial import Session, Trial
 pytestmark = pytest.mark.slow
 
 REVERT_CHANGE = ("--set", "--parallel=-1")  # halves the slots: REVERT on capacity
-# Every point a REVERT trial passes, in order: step boundaries and points inside long steps.
+# Every point a REVERT trial passes: step boundaries and points inside long steps. Each is
+# killed at its first pass (the interleaved blocks pass "restarting" and "waiting" first for
+# the known-good).
 REVERT_POINTS = [
     "preflighted",
     "measuring-baseline",
@@ -60,7 +62,12 @@ class Project:
             f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\n'
             f'ready_timeout_s = 30\nledger = "{ledger}"\n'
             "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
-            "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n[policy]\nruns = 2\n"
+            "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n"
+            # The fewest runs: the known-good as found, then one candidate block that the
+            # trial ends on (so the revert restarts). Every run counts: the kill points must
+            # come in the same order on a busy machine too.
+            '[policy]\nruns = 2\nmax_runs = 2\nprotocol = "interleaved"\n'
+            "set_aside_disturbed = false\n"
         )
 
     def cli(self, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
@@ -145,7 +152,10 @@ def test_killed_at_every_point_recovers(make_project, point: str) -> None:  # ty
     check_recovered(project, known_good, capacity, before, "kill points")
 
 
-def test_killed_after_keep_was_judged_finishes_the_promotion(make_project) -> None:  # type: ignore[no-untyped-def]
+# Interleaved ends on either arm; before-after ends on the known-good's re-check, so the
+# promotion still has to install and restart the candidate when flagtrial is killed.
+@pytest.mark.parametrize("protocol", ["interleaved", "before-after"])
+def test_killed_after_keep_was_judged_finishes_the_promotion(make_project, protocol: str) -> None:  # type: ignore[no-untyped-def]
     project = make_project()
     # 16-token batches make a 200-word prompt's prefill several times slower than 512:
     # a gain far beyond the noise, so the verdict is KEEP.
@@ -153,15 +163,20 @@ def test_killed_after_keep_was_judged_finishes_the_promotion(make_project) -> No
     project.unit.write_text(project.unit.read_text().replace("--threads 1", batches))
     text = project.file.read_text().replace("prompt_words = 16", "prompt_words = 200")
     text = text.replace("requests_per_run = 4", "requests_per_run = 8")
-    project.file.write_text(
-        text.replace("runs = 2", "runs = 3").replace("max_tokens = 16", "max_tokens = 8")
-    )
+    # enough runs for the interval to decide (5 pairs at the least)
+    text = text.replace("max_runs = 2", "max_runs = 20")
+    text = text.replace('protocol = "interleaved"', f'protocol = "{protocol}"')
+    project.file.write_text(text.replace("max_tokens = 16", "max_tokens = 8"))
     capacity = project.facts()
     result = project.cli("trial", "--set", "-b=512", "--set", "-ub=512", faults="judged=KILL")
     assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
     assert json.loads(project.cli("history", "--json").stdout)["trials"][0]["verdict"] == "KEEP"
-    candidate = project.unit.read_text()
-    assert "--batch-size 512 --ubatch-size 512" in candidate
+    installed = project.unit.read_text()
+    if protocol == "before-after":
+        assert "--batch-size 16 --ubatch-size 16" in installed  # killed after the re-check
+    candidate = installed.replace(
+        "--batch-size 16 --ubatch-size 16", "--batch-size 512 --ubatch-size 512"
+    )
     before = project.ledger_rows()
     check_recovered(project, candidate, capacity, before, "kill points")
     assert json.loads(project.cli("history", "--json").stdout)["trials"][0]["state"] == "kept"

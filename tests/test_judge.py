@@ -1,11 +1,13 @@
-"""The verdict on constructed cases, and the interval's coverage on simulated runs."""
+"""The verdict rules (judge.decide) on constructed cases, and the Welch interval's coverage
+on simulated runs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from flagtrial.facts import Facts, diff_facts
-from flagtrial.judge import judge, relative_change
+from flagtrial import stats
+from flagtrial.facts import Facts, FactsDiff, diff_facts
+from flagtrial.judge import Effect, Verdict, decide
 from flagtrial.load.summary import RunSummary
 from flagtrial.settings import Policy
 
@@ -48,6 +50,28 @@ def runs(values: list[float], **kw: float) -> dict[int, list[RunSummary]]:
 NOISE = [0.98, 1.01, 1.0, 1.02, 0.99]
 
 
+def judge(
+    policy: Policy,
+    diff: FactsDiff,
+    baseline: dict[int, list[RunSummary]],
+    candidate: dict[int, list[RunSummary]],
+) -> Verdict:
+    """decide() on Welch intervals of the primary metric and p99 TTFT: constructed cases
+    with a known interval, not the sequential procedure (tested in test_sequential)."""
+    found = []
+    for level in baseline:
+        for metric in ("output_tok_s", "ttft_p99"):
+            a = np.log([getattr(r, metric) for r in baseline[level]])
+            b = np.log([getattr(r, metric) for r in candidate[level]])
+            pct, lo, hi = stats.welch_interval(a, b, policy.confidence).pct
+            found.append(Effect(
+                metric=metric, concurrency=level, baseline=float(np.exp(a.mean())),
+                candidate=float(np.exp(b.mean())), pct=pct, lo_pct=lo, hi_pct=hi,
+                runs_baseline=len(a), runs_candidate=len(b),
+            ))  # fmt: skip
+    return decide(policy, diff, found, baseline, candidate)
+
+
 def test_interval_coverage_on_simulated_runs() -> None:
     """A 95 % interval covers a known true effect in about 95 % of simulated trials."""
     rng = np.random.default_rng(7)
@@ -55,7 +79,7 @@ def test_interval_coverage_on_simulated_runs() -> None:
     for _ in range(trials):
         a = np.exp(rng.normal(np.log(300), 0.05, 5))
         b = np.exp(rng.normal(np.log(300 * 1.05), 0.05, 5))
-        _, lo, hi = relative_change(list(a), list(b), 0.95)
+        _, lo, hi = stats.welch_interval(np.log(a), np.log(b), 0.95).pct
         hits += lo <= true_pct <= hi
     assert 0.93 <= hits / trials <= 0.97
 

@@ -148,6 +148,26 @@ def test_bound_in_runs_gives_inconclusive_with_the_interval() -> None:
     assert any(r.startswith("bound: 10 runs per arm") for r in verdict.reasons)
 
 
+def test_no_bound_stops_a_trial_before_the_candidate_ran() -> None:
+    # Two-run blocks and a bound of two runs per arm: the known-good's first two blocks
+    # already reach it, yet the candidate still gets its block before the trial stops.
+    policy = Policy(max_runs=2)
+    stop = drive(Sequential(policy, [8], Design("interleaved", 2, "test")), noisy(0.0, 0.1, 9))
+    assert len(stop.candidate[8]) == 2
+    assert stop.installed == "candidate"
+    assert stop.why.startswith("bound: 2 runs per arm")
+
+
+def test_a_verdict_fixed_by_the_facts_stops_at_the_first_interval() -> None:
+    policy = Policy()
+    seq = Sequential(policy, [8], INTERLEAVED)
+    seq.forced = "capacity guardrail"
+    stop = drive(seq, noisy(0.0, 0.15, seed=10))
+    assert len(stop.candidate[8]) == 5  # the fewest pairs with a finite interval
+    assert "already fixed by the capacity guardrail" in stop.why
+    assert any(e.metric == "output_tok_s" for e in stop.effects)
+
+
 def test_bound_in_seconds() -> None:
     policy = Policy(max_seconds=60)
     stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.15, seed=5))

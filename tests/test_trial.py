@@ -64,6 +64,10 @@ class Project:
             notify,
         )
 
+    def add_policy(self, *lines: str) -> None:
+        """Add settings to [policy], the project file's last table."""
+        self.file.write_text(self.file.read_text() + "".join(f"{line}\n" for line in lines))
+
     def server_pid(self) -> int | None:
         target = ProcessTarget(self.unit, self.root / ".flagtrial" / "process")
         return target._live_pid()
@@ -117,13 +121,7 @@ def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Pro
 
 
 def test_real_improvement_is_kept(project: Project, small_model: Path, tiny_model: Path) -> None:
-    # 16-token batches make a 200-word prompt's prefill several times slower than 512 ones:
-    # a gain far beyond any noise on a busy 2-core machine.
-    text = project.unit.read_text().replace(str(small_model), str(tiny_model))
-    text = text.replace("--threads 1", "--threads 1 --batch-size 16 --ubatch-size 16")
-    project.unit.write_text(text)
-    workload = project.file.read_text().replace("prompt_words = 32", "prompt_words = 200")
-    project.file.write_text(workload.replace("max_tokens = 24", "max_tokens = 8"))
+    text = fast_and_slow_batches(project, small_model, tiny_model)
     result = project.cli("trial", "--set", "-b=512", "--set", "-ub=512")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "KEEP" in result.stdout
@@ -136,6 +134,92 @@ def test_real_improvement_is_kept(project: Project, small_model: Path, tiny_mode
     assert rolled.returncode == 0, rolled.stdout + rolled.stderr
     assert "verified" in rolled.stdout
     assert project.unit.read_text() == text
+
+
+def fast_and_slow_batches(project: Project, small_model: Path, tiny_model: Path) -> str:
+    """A known-good with 16-token batches, whose 200-word prompts' prefill is several times
+    slower than with 512-token ones: a gain far beyond any noise on a busy 2-core machine.
+    Returns the known-good unit text."""
+    text = project.unit.read_text().replace(str(small_model), str(tiny_model))
+    text = text.replace("--threads 1", "--threads 1 --batch-size 16 --ubatch-size 16")
+    project.unit.write_text(text)
+    workload = project.file.read_text().replace("prompt_words = 32", "prompt_words = 200")
+    project.file.write_text(workload.replace("max_tokens = 24", "max_tokens = 8"))
+    return text
+
+
+def test_before_after_keep_rechecks_the_known_good_then_installs_the_candidate(
+    project: Project, small_model: Path, tiny_model: Path
+) -> None:
+    """The protocol for expensive restarts: known-good runs, candidate runs, a known-good
+    re-check; a KEEP then installs and restarts the candidate and verifies its facts."""
+    fast_and_slow_batches(project, small_model, tiny_model)
+    project.add_policy('protocol = "before-after"')
+    events: list[tuple[str, str]] = []
+    change = Change(edits=[Edit(op="set", name="-b", value="512"),
+                           Edit(op="set", name="-ub", value="512")])  # fmt: skip
+    outcome = asyncio.run(Trial(project.session(events), change).run())
+    assert outcome.verdict.decision == "KEEP", outcome.verdict.reasons
+    assert outcome.outcome == "kept"
+    assert "--batch-size 512 --ubatch-size 512" in project.unit.read_text()
+    assert any(s == "design" and d.startswith("before-after (restart") for s, d in events)
+    recheck = next(i for i, (_, d) in enumerate(events) if "known-good re-check" in d)
+    # the re-check ran on the known-good, installed again after the candidate's runs
+    assert ("installing", "generation 1 (known-good)") in events[:recheck]
+    assert events[recheck + 1 :].count(("restarting", "candidate, to keep it")) == 1
+    assert any(r.startswith("known-good drift:") for r in outcome.verdict.reasons)
+    assert outcome.facts_after is not None and outcome.facts_after.ready_s is not None
+
+
+def test_aa_trial_finds_no_effect(project: Project) -> None:
+    """A/A: a label the server only reports back cannot change its speed. A short trial at
+    99 % confidence must not claim a gain or a harm; each run's foreign load is recorded."""
+    project.add_policy("confidence = 0.99", "max_runs = 6")
+    events: list[tuple[str, str]] = []
+    session = project.session(events)
+    change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
+    outcome = asyncio.run(Trial(session, change).run())
+    assert outcome.verdict.decision == "INCONCLUSIVE", outcome.verdict.reasons
+    assert outcome.verdict.finding in ("equivalent", "unresolved")
+    assert outcome.outcome == "reverted" and outcome.restore and outcome.restore.verified
+    assert any(s == "design" and d.startswith("interleaved blocks of") for s, d in events)
+    runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome.trial_id)
+    arms = {r["block"]: r["arm"] for r in runs}
+    assert arms[0] == "baseline" and sorted(set(arms.values())) == ["baseline", "candidate"]
+    assert all(r["foreign"] is not None and r["foreign"]["n_cpus"] >= 1 for r in runs)
+    assert outcome.diff is not None and [c.name for c in outcome.diff.explicit] == ["model_alias"]
+
+
+def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> None:
+    """A busy process during the candidate's first block: its runs are set aside with the
+    process named, and the block is measured again after a fresh restart."""
+    project.add_policy("foreign_cpu_max_cores = 0.3", "max_runs = 3")
+    hogs: list[subprocess.Popen[bytes]] = []
+
+    def hog_during_first_candidate_block(state: str, detail: str) -> None:
+        if state == "measuring" and not hogs:
+            hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+        elif state in ("installing", "restarting") and hogs and hogs[0].poll() is None:
+            hogs[0].kill()
+            hogs[0].wait()
+
+    events: list[tuple[str, str]] = []
+    session = project.session(events, on_event=hog_during_first_candidate_block)
+    change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
+    try:
+        outcome = asyncio.run(Trial(session, change).run())
+    finally:
+        for hog in hogs:
+            hog.kill()
+    runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome.trial_id)
+    first = min(r["block"] for r in runs if r["arm"] == "candidate")
+    hit = [r for r in runs if r["block"] == first]
+    assert hit and all(r["disturbed"] and "foreign CPU" in r["disturbed"] for r in hit)
+    assert any(f"pid {hogs[0].pid}" in (r["disturbed"] or "") for r in hit)
+    # the same arm again in the next block, restarted
+    assert [r["arm"] for r in runs if r["block"] == first + 1] == ["candidate"]
+    assert any("again: the last was disturbed" in d for _, d in events)
+    assert any("set aside as disturbed" in r for r in outcome.verdict.reasons)
 
 
 def test_unknown_flag_fails_before_anything_changes(project: Project) -> None:

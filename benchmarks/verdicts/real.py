@@ -1,35 +1,40 @@
 """Real trials on llama-server: A/A (a flag that cannot matter) and a known large effect.
 
-Each trial is the sequential procedure (flagtrial.sequential, interleaved restart blocks)
-driving a real llama-server on 127.0.0.1: every block after the first (the server as
-found) restarts it with the arm's flags, runs the warm-up, then one measured run;
-flagtrial.hygiene samples the foreign load around every run. The large-effect trials
-alternate with their mirror image (which arm has the effect). Bounded: `--budget-s` for the
-whole script, `--trial-s` per trial. Writes results[--key] of results.json; other sections
-are kept.
+Each trial is a whole flagtrial trial (flagtrial.trial.Trial under the process target, the
+same code as `flagtrial trial`) on a real llama-server on 127.0.0.1: the protocol chosen
+from the restart cost, restart blocks, foreign-load hygiene, the verdict and the restore.
+The large-effect trials alternate with their mirror image (which arm has the effect). The
+capacity guardrail is switched off here (`-np 1` has an eighth of the slots) so that the
+measurement alone decides. Bounded: `--budget-s` for the whole script, `--trial-s` per
+trial. Writes results[--key] of results.json; other sections are kept.
 
-    .venv/bin/python benchmarks/verdicts/real.py --aa 5 --large 3 --trial-s 100 --budget-s 600
-    .venv/bin/python benchmarks/verdicts/real.py --aa 9 --large 0 --trial-s 200 \
-        --budget-s 560 --key real_aa_200s
+    .venv/bin/python benchmarks/verdicts/real.py --aa 20 --large 4 --trial-s 200 \
+        --budget-s 3600
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from server import DEFAULT_ARGS, Server, model
-from simulate import NO_DIFF
+from server import model
 
-from flagtrial.hygiene import disturbed, foreign_load, sample_local
-from flagtrial.load.runner import run_level_sync
+from flagtrial.cache import llama_server_path
+from flagtrial.demo import free_port, write_unit
+from flagtrial.engines import make_engine
+from flagtrial.launch.change import Change, Edit
+from flagtrial.ledger import Ledger
 from flagtrial.load.workload import Workload
-from flagtrial.sequential import Continue, Design, Sequential
-from flagtrial.settings import Policy
+from flagtrial.settings import Policy, load_project
+from flagtrial.targets import make_target
+from flagtrial.targets.process import ProcessTarget
+from flagtrial.trial import Session, Trial, TrialOutcome
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
@@ -42,60 +47,67 @@ WORKLOAD = Workload(
     warmup_requests=2,
     run_timeout_s=60,
 )
-ONE_SLOT = ("--threads", "1", "--ctx-size", "8192", "--parallel", "1")
 
 
-def trial(
-    srv: Server,
-    policy: Policy,
-    base: tuple[str, ...],
-    cand: tuple[str, ...],
-    seed: int,
-    hygiene: bool,
-) -> dict:
-    seq = Sequential(policy, [LEVEL], Design("interleaved", 1, "real"))
-    load_s = 0.0
-    foreign: list[float] = []
-    flagged: list[bool] = []  # what hygiene said, whether or not it was heeded
+def write_project(root: Path, unit: Path, port: int, policy: Policy) -> Path:
+    path = root / "flagtrial.toml"
+    workload = WORKLOAD.model_dump(exclude_defaults=True)
+    changed = policy.model_dump(exclude_defaults=True)
+    path.write_text(
+        f'unit = "{unit.name}"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 60\n'
+        "[workload]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in workload.items())
+        + "[policy]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in changed.items())
+    )  # fmt: skip
+    return path
+
+
+def set_slots(unit: Path, slots: int) -> None:
+    lines = unit.read_text().splitlines(keepends=True)
+    unit.write_text("".join(f"    --parallel {slots}\n" if "--parallel" in x else x for x in lines))
+
+
+def one_trial(project: Path, change: Change) -> tuple[TrialOutcome, float]:
+    proj = load_project(project)
+    session = Session(
+        proj, make_target(proj), make_engine("llamacpp"), Ledger(proj.ledger_path),
+        lambda state, detail: None,
+    )  # fmt: skip
+
+    async def run() -> TrialOutcome:
+        try:
+            async with session.target.lock("verdicts benchmark"):
+                return await Trial(session, change).run()
+        finally:
+            await session.close()
+
     began = time.monotonic()
-    run = 0
-    while isinstance(step := seq.decision(), Continue):
-        t0 = time.monotonic()
-        if step.restart:
-            srv.restart(base if step.arm == "baseline" else cand)
-        before = sample_local()
-        t_run = time.monotonic()
-        result = run_level_sync(
-            srv.url, WORKLOAD, LEVEL, warmup=step.warmup, seed=seed * 100_000 + run * 100
-        )
-        load_s += time.monotonic() - t_run
-        load = foreign_load(before, sample_local(), srv.pid, os.getpid())
-        foreign.append(load.cpu_cores)
-        why = disturbed(load, policy.foreign_cpu_max_cores)
-        flagged.append(why is not None)
-        seq.observe(
-            step.arm,
-            LEVEL,
-            result.summary,
-            records=result.records,
-            disturbed=why if hygiene else None,
-            elapsed_s=time.monotonic() - t0,
-        )
-        run += 1
-    verdict = step.verdict(policy, NO_DIFF)
-    primary = next((e for e in verdict.effects if e.metric == policy.primary_metric), None)
+    outcome = asyncio.run(run())
+    return outcome, time.monotonic() - began
+
+
+def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> dict:
+    db = Ledger(ledger)
+    try:
+        runs = [r for r in db.runs(outcome.trial_id) if r["concurrency"] == LEVEL]
+    finally:
+        db.close()
+    verdict = outcome.verdict
+    effect = next((e for e in verdict.effects if e.metric == primary), None)
+    why = next((r for r in verdict.reasons if r.startswith(("the interval", "bound:", "machine"))),
+               verdict.reasons[0])  # fmt: skip
+    foreign = [r["foreign"]["cpu_cores"] for r in runs if r["foreign"]]
     return {
         "decision": verdict.decision,
         "finding": verdict.finding,
-        "why": step.why,
+        "why": why,
         "reason": verdict.reasons[0],
-        "runs": run,
-        "load_s": load_s,
-        "wall_s": time.monotonic() - began,
-        "effect_pct": primary.pct if primary else None,
-        "interval_pct": [primary.lo_pct, primary.hi_pct] if primary else None,
-        "foreign_cores_median": float(np.median(foreign)),
-        "disturbed": int(sum(flagged)),
+        "runs": len(runs),
+        "load_s": sum(r["summary"]["duration_s"] for r in runs),
+        "wall_s": wall_s,
+        "effect_pct": effect.pct if effect else None,
+        "interval_pct": [effect.lo_pct, effect.hi_pct] if effect else None,
+        "foreign_cores_median": float(np.median(foreign)) if foreign else 0.0,
+        "disturbed": sum(1 for r in runs if r["disturbed"]),
     }
 
 
@@ -108,45 +120,54 @@ def main() -> None:
     ap.add_argument("--foreign-limit", type=float, default=0.5, help="cores; policy's limit")
     ap.add_argument("--model", default="small")
     ap.add_argument("--key", default="real", help="section of results.json to write")
-    ap.add_argument(
-        "--hygiene",
-        choices=("on", "off"),
-        default="on",
-        help="off: disturbed runs are counted but not set aside",
-    )
     args = ap.parse_args()
-    policy = Policy(max_seconds=args.trial_s, foreign_cpu_max_cores=args.foreign_limit)
+    policy = Policy(
+        max_seconds=args.trial_s,
+        foreign_cpu_max_cores=args.foreign_limit,
+        capacity_loss_max_pct=100.0,
+    )
     deadline = time.monotonic() + args.budget_s
     kinds = [("A/A", i) for i in range(args.aa)] + [("large", i) for i in range(args.large)]
     # Interleave the kinds so a busy spell of the machine does not fall on one kind only.
     kinds.sort(key=lambda k: k[1])
     out: list[dict] = []
-    srv = Server(model(args.model), Path("/tmp") / f"flagtrial-real-{os.getpid()}.log")
-    try:
-        srv.start()
-        for kind, i in kinds:
-            if time.monotonic() + args.trial_s * 1.3 > deadline:
-                break
-            if kind == "A/A":
-                base, cand, truth = DEFAULT_ARGS, (*DEFAULT_ARGS, "--alias", "candidate"), "none"
-            elif i % 2 == 0:
-                base, cand, truth = DEFAULT_ARGS, ONE_SLOT, "harm"  # 8 slots -> 1 at c=8
-            else:
-                base, cand, truth = ONE_SLOT, DEFAULT_ARGS, "gain"
-            r = trial(srv, policy, base, cand, len(out) + 1, args.hygiene == "on")
-            r.update(kind=kind, truth=truth, candidate=" ".join(cand))
-            out.append(r)
-            print(
-                f"{kind} truth={truth}: {r['decision']} ({r['finding']}) after {r['runs']} runs, "
-                f"{r['load_s']:.0f}s load; {r['reason'][:110]}",
-                flush=True,
-            )
-    finally:
-        srv.stop()
+    with tempfile.TemporaryDirectory(prefix="flagtrial-real-") as tmp:
+        root = Path(tmp)
+        unit = root / "llama.service"
+        port = free_port()
+        write_unit(unit, llama_server_path(), model(args.model), port)
+        project = write_project(root, unit, port, policy)
+        eight_slots = unit.read_text()
+        target = ProcessTarget(unit, root / ".flagtrial" / "process")
+        try:
+            for kind, i in kinds:
+                if time.monotonic() + args.trial_s * 1.5 > deadline:
+                    break
+                unit.write_text(eight_slots)  # the known-good of every trial
+                if kind == "A/A":
+                    edit, truth = Edit(op="add", name="--alias", value="candidate"), "none"
+                elif i % 2 == 0:
+                    edit, truth = Edit(op="set", name="--parallel", value="1"), "harm"
+                else:
+                    set_slots(unit, 1)
+                    edit, truth = Edit(op="set", name="--parallel", value="8"), "gain"
+                outcome, wall_s = one_trial(project, Change(edits=[edit]))
+                r = record(outcome, wall_s, root / ".flagtrial" / "ledger.db",
+                           policy.primary_metric)  # fmt: skip
+                r.update(kind=kind, truth=truth, candidate=f"{edit.name} {edit.value}")
+                out.append(r)
+                print(
+                    f"{kind} truth={truth}: {r['decision']} ({r['finding']}) after {r['runs']} "
+                    f"runs, {r['load_s']:.0f}s load; {r['why'][:110]}",
+                    flush=True,
+                )
+        finally:
+            asyncio.run(target.stop())
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[args.key] = {
         "model": args.model,
-        "hygiene": args.hygiene,
+        "hygiene": "on",
+        "driver": "flagtrial.trial.Trial",
         "workload": WORKLOAD.model_dump(),
         "policy": policy.model_dump(),
         "cpus": os.cpu_count(),

@@ -165,16 +165,21 @@ run_timeout_s = 120          # wall bound of one run
 request_timeout_s = 60
 
 [policy]
-primary_metric = "output_tok_s"    # the objective
+primary_metric = "output_tok_s"    # the objective; or "request_rate", "goodput"
 # primary_concurrency = 8          # default: the highest level
-improvement_margin_pct = 2.0       # a gain counts when its whole interval is above this
-harm_margin_pct = 2.0              # harm when the whole interval is below minus this
+improvement_margin_pct = 2.0       # KEEP: the whole interval above +this
+harm_margin_pct = 2.0              # harmful: the whole interval below -this
+equivalence_margin_pct = 5.0       # no effect: the whole interval inside +-this
 capacity_loss_max_pct = 5.0        # guardrail on the server's own capacity facts
 capacity_guard = "report"          # "revert": revert on a capacity loss before any load
 ttft_p99_worse_max_pct = 25.0      # guardrail
 error_rate_max = 0.0               # guardrail
-runs = 3                           # runs per level and arm
 confidence = 0.95
+protocol = "auto"                  # "interleaved", "before-after"; auto: by restart cost
+max_runs = 40                      # bound: runs per arm at the primary level
+max_seconds = 900                  # bound: seconds of measurement, restarts included
+runs = 3                           # before-after: known-good runs before the change
+foreign_cpu_max_cores = 0.5        # a run with more foreign CPU load is set aside
 on_inconclusive = "revert"         # or "keep"
 """
 

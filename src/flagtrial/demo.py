@@ -71,7 +71,6 @@ def write_project(path: Path, unit: str, port: int) -> None:
         "run_timeout_s = 60\n"
         "\n"
         "[policy]\n"
-        "runs = 4\n"
         "capacity_loss_max_pct = 5.0\n"
     )
 

@@ -23,6 +23,8 @@ class Facts(BaseModel):
     settings: dict[str, Scalar] = Field(default_factory=dict)
     sources: dict[str, str] = Field(default_factory=dict)
     log_lines: list[str] = Field(default_factory=list)
+    # Seconds from the restart to ready, as flagtrial measured it: what a restart costs.
+    ready_s: float | None = None
 
 
 class CapacityChange(BaseModel):

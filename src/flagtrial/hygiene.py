@@ -17,11 +17,14 @@ machine (`sample_local`) and a remote one (`Target.run(["sh", "-c", SAMPLE_SHELL
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from flagtrial.targets.base import Target
 
 # The Linux user-space tick of /proc/stat and /proc/<pid>/stat: 100 Hz on every mainstream
 # architecture (USER_HZ is fixed by the kernel ABI, independent of CONFIG_HZ).
@@ -298,3 +301,17 @@ def disturbed(load: ForeignLoad, max_cpu_cores: float) -> str | None:
             f"{load.own_cores:.2f} cores the {load.n_cpus} CPUs had none to spare"
         )
     return None
+
+
+async def sample_target(target: Target) -> LoadSample | None:
+    """A sample of the machine the target's server runs on; None when it could not be read
+    (the run then counts, with its foreign load unknown)."""
+    if target.local:
+        return await asyncio.to_thread(sample_local)
+    code, text = await target.run(["sh", "-c", SAMPLE_SHELL])
+    if code != 0:
+        return None
+    try:
+        return parse_sample(text)
+    except (ValueError, IndexError):
+        return None

@@ -1,10 +1,8 @@
 """Effects with intervals, and policy -> Verdict.
 
 The effect of a change on a metric is the ratio of geometric means of the per-run values,
-candidate over baseline. `judge` is the fixed protocol (all baseline runs, then all candidate
-runs): a Welch t interval on log-scale run values. The sequential protocols
-(flagtrial.sequential) compute their own intervals and reach a verdict through `decide`, so
-one set of rules turns any interval into KEEP, REVERT or INCONCLUSIVE.
+candidate over baseline. The sequential protocols (flagtrial.sequential) compute its
+interval; `decide` turns intervals and the facts' diff into KEEP, REVERT or INCONCLUSIVE.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-import numpy as np
 from pydantic import BaseModel
 
 from flagtrial import stats
@@ -85,42 +82,6 @@ class Verdict(BaseModel):
     finding: Finding | None = None
 
 
-def relative_change(
-    baseline: list[float], candidate: list[float], confidence: float
-) -> tuple[float, float, float]:
-    """Relative change in % with its confidence interval (Welch t on log values)."""
-    return stats.welch_interval(np.log(baseline), np.log(candidate), confidence).pct
-
-
-def effects(
-    baseline: dict[int, list[RunSummary]], candidate: dict[int, list[RunSummary]], confidence: float
-) -> list[Effect]:
-    out = []
-    for level in sorted(set(baseline) & set(candidate)):
-        for metric in METRICS:
-            if metric not in RunSummary.model_fields:
-                continue
-            a = [getattr(r, metric) for r in baseline[level]]
-            b = [getattr(r, metric) for r in candidate[level]]
-            if len(a) < 2 or len(b) < 2 or any(v is None or v <= 0 for v in (*a, *b)):
-                continue
-            pct, lo, hi = relative_change(a, b, confidence)
-            out.append(
-                Effect(
-                    metric=metric,
-                    concurrency=level,
-                    baseline=float(np.exp(np.mean(np.log(a)))),
-                    candidate=float(np.exp(np.mean(np.log(b)))),
-                    pct=pct,
-                    lo_pct=lo,
-                    hi_pct=hi,
-                    runs_baseline=len(a),
-                    runs_candidate=len(b),
-                )
-            )
-    return out
-
-
 def capacity_breach(policy: Policy, diff: FactsDiff) -> str | None:
     """The capacity guardrail, read from the server's own facts."""
     worst = diff.worst_capacity_loss()
@@ -134,17 +95,6 @@ def capacity_breach(policy: Policy, diff: FactsDiff) -> str | None:
 
 def _find(found: list[Effect], metric: str, level: int) -> Effect | None:
     return next((e for e in found if e.metric == metric and e.concurrency == level), None)
-
-
-def judge(
-    policy: Policy,
-    diff: FactsDiff,
-    baseline: dict[int, list[RunSummary]],
-    candidate: dict[int, list[RunSummary]],
-) -> Verdict:
-    """The fixed protocol's verdict: Welch t intervals on all runs of each arm."""
-    found = effects(baseline, candidate, policy.confidence)
-    return decide(policy, diff, found, baseline, candidate)
 
 
 def decide(

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from flagtrial.errors import LedgerError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # A trial in any other state was cut off before it finished: the next command recovers it.
 FINISHED_STATES = ("kept", "reverted", "aborted", "recovered")
@@ -59,8 +59,17 @@ CREATE TABLE IF NOT EXISTS runs (
   concurrency INTEGER NOT NULL,
   run_index INTEGER NOT NULL,
   summary_json TEXT NOT NULL,
-  at REAL NOT NULL
+  at REAL NOT NULL,
+  block INTEGER NOT NULL DEFAULT 0,
+  disturbed TEXT,
+  foreign_json TEXT
 );
+"""
+# Schema 1 -> 2: runs know their restart block and the foreign load measured around them.
+MIGRATE_1_TO_2 = """
+ALTER TABLE runs ADD COLUMN block INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN disturbed TEXT;
+ALTER TABLE runs ADD COLUMN foreign_json TEXT;
 """
 
 
@@ -119,9 +128,11 @@ class Ledger:
                 f"ledger {self.path} has schema {version}, "
                 f"newer than this flagtrial ({SCHEMA_VERSION})"
             )
+        # executescript commits on its own, so each migration is one script.
         if version < 1:
-            # executescript commits on its own, so the whole migration is one script.
             self.db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        elif version == 1:
+            self.db.executescript(f"BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version=2; COMMIT;")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -229,14 +240,26 @@ class Ledger:
             )
 
     def add_run(
-        self, trial_id: int, arm: str, concurrency: int, run_index: int, summary: dict[str, Any]
+        self,
+        trial_id: int,
+        arm: str,
+        concurrency: int,
+        run_index: int,
+        summary: dict[str, Any],
+        *,
+        block: int = 0,
+        disturbed: str | None = None,
+        foreign: dict[str, Any] | None = None,
     ) -> None:
+        """One measured run; `disturbed` is why it was set aside, `foreign` the foreign load
+        measured around it (None: not measured)."""
         with self.tx() as db:
             db.execute(
-                "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at) "
-                "VALUES (?,?,?,?,?,?)",
-                (trial_id, arm, concurrency, run_index, json.dumps(summary), time.time()),
-            )
+                "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at, "
+                "block, disturbed, foreign_json) VALUES (?,?,?,?,?,?,?,?,?)",
+                (trial_id, arm, concurrency, run_index, json.dumps(summary), time.time(),
+                 block, disturbed, json.dumps(foreign) if foreign is not None else None),
+            )  # fmt: skip
 
     def trial(self, trial_id: int) -> TrialRow:
         row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
@@ -266,8 +289,8 @@ class Ledger:
 
     def runs(self, trial_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute(
-            "SELECT arm, concurrency, run_index, summary_json FROM runs "
-            "WHERE trial_id=? ORDER BY id",
+            "SELECT arm, concurrency, run_index, summary_json, block, disturbed, foreign_json "
+            "FROM runs WHERE trial_id=? ORDER BY id",
             (trial_id,),
         ).fetchall()
         return [
@@ -275,7 +298,10 @@ class Ledger:
                 "arm": r["arm"],
                 "concurrency": r["concurrency"],
                 "run_index": r["run_index"],
+                "block": r["block"],
                 "summary": json.loads(r["summary_json"]),
+                "disturbed": r["disturbed"],
+                "foreign": json.loads(r["foreign_json"]) if r["foreign_json"] else None,
             }
             for r in rows
         ]
@@ -312,7 +338,8 @@ class Ledger:
 
     def import_(self, data: dict[str, Any]) -> int:
         """Load an export into this (empty) ledger in one transaction; returns rows written."""
-        if data.get("schema_version") != SCHEMA_VERSION:
+        # Schema 2 only added run columns with defaults: a schema-1 export loads as it is.
+        if data.get("schema_version") not in (1, SCHEMA_VERSION):
             raise LedgerError(
                 f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
             )

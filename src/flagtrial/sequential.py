@@ -52,15 +52,20 @@ class Design:
     why: str
 
 
-def choose_design(policy: Policy, restart_s: float, run_s: float) -> Design:
+def choose_design(policy: Policy, restart_s: float | None, run_s: float) -> Design:
     """Interleave when a restart (and its warm-up) costs at most `restart_overhead_max` of a
-    block of at most MAX_RUNS_PER_BLOCK runs; otherwise before-after."""
+    block of at most MAX_RUNS_PER_BLOCK runs; otherwise before-after. An unknown restart
+    cost counts as expensive."""
     # Overhead of a block of k runs: restart / (restart + k run) <= restart_overhead_max.
     o = policy.restart_overhead_max
-    k = max(1, math.ceil(restart_s * (1 - o) / (o * max(run_s, 1e-9))))
-    cost = f"restart {restart_s:.1f}s, run {run_s:.1f}s"
+    if restart_s is None:
+        k, cost = MAX_RUNS_PER_BLOCK + 1, f"restart time unknown, run {run_s:.1f}s"
+    else:
+        k = max(1, math.ceil(restart_s * (1 - o) / (o * max(run_s, 1e-9))))
+        cost = f"restart {restart_s:.1f}s, run {run_s:.1f}s"
     if policy.protocol == "before-after" or (policy.protocol == "auto" and k > MAX_RUNS_PER_BLOCK):
         return Design("before-after", policy.runs, f"before-after ({cost})")
+    k = min(k, MAX_RUNS_PER_BLOCK)
     return Design("interleaved", k, f"interleaved blocks of {k} run(s) ({cost})")
 
 
@@ -72,6 +77,7 @@ class Continue:
     restart: bool
     warmup: bool
     step: str
+    block: int  # restart block the run belongs to, numbered from 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,9 @@ class Sequential:
         self.stopped: Stop | None = None
         self.interim: stats.Interval | None = None  # before-after: what ended the B phase
         self.phase_why = ""
+        # A guardrail breach read from the server's facts (e.g. capacity) that already fixes
+        # the verdict as REVERT: measure only until the effect has an interval to show.
+        self.forced: str | None = None
 
     # --- driving -------------------------------------------------------------------------
 
@@ -210,16 +219,18 @@ class Sequential:
         again = block.index not in self._block_means(self.policy.primary_metric, self.level)
         other: Arm = "candidate" if block.arm == "baseline" else "baseline"
         arm = block.arm if again or block.index == 0 else other
+        bound = None
         if self._count(arm) + k > self.policy.max_runs:
-            return self._stop(
-                f"bound: {self.policy.max_runs} runs per arm; {self._spent()}", installed=block.arm
-            )
+            bound = f"bound: {self.policy.max_runs} runs per arm; {self._spent()}"
         # Stop rather than start a pair that cannot finish within the time bound.
-        if self._seconds_left() < (1 if arm == "candidate" else 2) * self._block_s():
-            return self._stop(
-                f"bound: {self.policy.max_seconds:g}s of measurement; {self._spent()}",
-                installed=block.arm,
-            )
+        elif self._seconds_left() < (1 if arm == "candidate" else 2) * self._block_s():
+            bound = f"bound: {self.policy.max_seconds:g}s of measurement; {self._spent()}"
+        if bound and self._count("candidate") == 0:
+            # No bound ends a trial before the candidate ran: its facts and one block of
+            # runs are worth the overrun.
+            arm, again = "candidate", False
+        elif bound:
+            return self._stop(bound, installed=block.arm)
         new = self._new_block(arm, "interleaved")
         why = ", again: the last was disturbed" if again and block.index > 0 else ""
         return self._continue(new, f"{arm} block {new.index + 1}{why}")
@@ -350,6 +361,11 @@ class Sequential:
         if primary is None:
             return None
         _, lo, hi = primary.pct
+        if self.forced and math.isfinite(lo) and math.isfinite(hi):
+            return (
+                f"the verdict is already fixed by the {self.forced}: measured only until the "
+                f"effect had an interval, {after}; {self._spent()}"
+            )
         found = stats.classify(
             lo, hi, p.improvement_margin_pct, p.harm_margin_pct, p.equivalence_bounds_pct
         )
@@ -464,7 +480,9 @@ class Sequential:
         block.pending = set(self.levels)
         first = block.passes == 0
         # The first block runs on the server as found (the known-good): no restart.
-        return Continue(block.arm, restart=first and block.index > 0, warmup=first, step=step)
+        return Continue(
+            block.arm, restart=first and block.index > 0, warmup=first, step=step, block=block.index
+        )
 
     def _count(self, arm: Arm) -> int:
         return sum(1 for r in self.runs if r.arm == arm and r.level == self.level)

@@ -55,9 +55,7 @@ class Policy(BaseModel):
         description="no effect, and the measurement stops, when the whole interval lies "
         "inside +-this",
     )
-    runs: int = Field(
-        3, ge=2, description="fixed protocol: runs per level and arm; before/after: A runs before"
-    )
+    runs: int = Field(3, ge=2, description="before-after: known-good runs before the change")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="confidence of the intervals")
     protocol: Literal["auto", "interleaved", "before-after"] = Field(
         "auto",
@@ -85,6 +83,11 @@ class Policy(BaseModel):
     )
     foreign_cpu_max_cores: float = Field(
         0.5, gt=0, description="a run with more foreign CPU load than this is disturbed"
+    )
+    set_aside_disturbed: bool = Field(
+        True,
+        description="false: foreign load is still measured and shown for every run, but "
+        "disturbed runs count (e.g. when the load generator shares the server's CPUs)",
     )
     disturbed_max_fraction: float = Field(
         0.5, gt=0, le=1, description="more disturbed runs than this: too busy to measure"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,12 +25,13 @@ from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.faults import checkpoint
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.model import GateFinding
-from flagtrial.judge import Verdict, capacity_breach, judge
+from flagtrial.hygiene import disturbed, foreign_load, sample_target
+from flagtrial.judge import Verdict, capacity_breach
 from flagtrial.launch.change import Change, apply_change, names_touched
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.ledger import Generation, Ledger
 from flagtrial.load.runner import run_level
-from flagtrial.load.summary import RunSummary
+from flagtrial.sequential import Arm, Continue, Sequential, choose_design
 from flagtrial.settings import Project
 from flagtrial.targets.base import Target
 
@@ -88,35 +91,41 @@ class Session:
 
     async def restart_and_read(self) -> Facts:
         """Restart on the installed spec, wait until ready, read the server's facts."""
+        began = time.monotonic()
         mark = await self.target.restart()
-        took = await wait_ready(
+        await wait_ready(
             self.engine, self.target, self.project.endpoint, mark, self.project.ready_timeout_s
         )
+        took = time.monotonic() - began
         self.notify("ready", f"server ready in {took:.1f}s")
         async with httpx.AsyncClient(timeout=10.0) as client:
-            return await self.engine.facts(
+            facts = await self.engine.facts(
                 client, self.project.endpoint, await self.target.logs_since(mark)
             )
+        return facts.model_copy(update={"ready_s": took})
 
     async def close(self) -> None:
         await self.target.aclose()
         self.ledger.close()
 
     async def recover(self) -> None:
-        """Finish what a killed flagtrial left: a trial judged KEEP is promoted, any other
+        """Finish what a killed flagtrial left: a trial judged KEEP is promoted (the candidate
+        installed, restarted and verified against the facts it was judged on), any other
         unfinished trial is rolled back to its baseline and verified."""
         for trial in self.ledger.unfinished_trials(self.target.name):
             self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
             facts_after = trial.record.get("facts_after")
             if trial.verdict == "KEEP" and trial.candidate_gen and facts_after:
-                installed = await self.target.read_spec()
                 candidate = self.ledger.generation(trial.candidate_gen)
-                if installed.sha256 == candidate.spec_sha256:
+                promoted = await self.restore(candidate, Facts.model_validate(facts_after))
+                if promoted.verified:
                     self.ledger.mark_known_good(candidate.id, facts_after)
                     self.ledger.step(
                         trial.id, "kept", "recovered: promotion finished", finished_at=time.time()
                     )
                     continue
+                self.notify("recover", "the kept candidate came back different: "
+                            + "; ".join(promoted.mismatches))  # fmt: skip
             restore = await self.restore(self.ledger.generation(trial.baseline_gen))
             self.ledger.step(
                 trial.id,
@@ -168,14 +177,16 @@ class Session:
         named = {k for f in names_touched(change, schema) for k in self.engine.settings_for_flag(f)}
         return Preflight(candidate=candidate, notes=notes, named_settings=named)
 
-    async def restore(self, gen: Generation) -> Restore:
-        """Install a generation, restart, and verify the server reports its known facts again."""
+    async def restore(self, gen: Generation, expected: Facts | None = None) -> Restore:
+        """Install a generation, restart, and verify the server reports its known facts again
+        (`expected`, by default the generation's own)."""
         installed = await self.target.read_spec()
         spec = LaunchSpec(kind=installed.kind, text=gen.spec_text, dropin=installed.dropin)
         await self.target.install_spec(spec)
         checkpoint("restore-installed")
         facts = await self.restart_and_read()
-        expected = Facts.model_validate(gen.facts) if gen.facts else None
+        if expected is None and gen.facts:
+            expected = Facts.model_validate(gen.facts)
         tolerance = self.engine.capacity_tolerance_pct
         mismatches = verify_facts(expected, facts, tolerance) if expected else []
         return Restore(
@@ -194,17 +205,31 @@ async def _ready(engine: Engine, client: httpx.AsyncClient, base_url: str) -> bo
 
 
 class Trial:
+    """One change measured against the known-good by the sequential procedure
+    (flagtrial.sequential): the procedure says which arm to measure next and whether to
+    restart into it; the trial installs, restarts, checks facts and samples foreign load."""
+
     def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
         self.s = session
         self.change = change
         # deploy even when the engine's source says the change fails at startup here
         self.force = force
         self.gate_reasons: list[str] = []
+        self.notes: list[str] = []  # added to the verdict's reasons
         self.trial_id = 0
         self.context: dict[str, Any] = {}
         # True once the server is on a judged spec (kept candidate or verified restore):
         # from then on an interruption must not revert anything.
         self._settled = False
+        # True from the first install of the candidate: from then on any failure restores.
+        self._touched = False
+        self.installed: Arm = "baseline"
+        self.runs_done: dict[Arm, int] = {"baseline": 0, "candidate": 0}
+        self.baseline_facts: Facts | None = None  # the known-good's facts at its last restart
+        self.facts_after: Facts | None = None
+        self.diff: FactsDiff | None = None
+        self._clock = 0.0
+        self.counted_disturbed = 0  # runs with foreign load, counted by the policy's choice
 
     def _step(self, state: str, detail: str = "", **fields: Any) -> None:
         """Journal a step before acting on it (write-ahead), then announce it."""
@@ -214,105 +239,62 @@ class Trial:
         self.s.notify(state, detail)
         checkpoint(state)
 
-    async def _measure(self, arm: str) -> dict[int, list[RunSummary]]:
-        project = self.s.project
-        levels = project.workload.concurrency
-        out: dict[int, list[RunSummary]] = {lvl: [] for lvl in levels}
-        for run_index in range(project.policy.runs):
-            for level in levels:
-                result = await run_level(
-                    project.endpoint,
-                    project.workload,
-                    level,
-                    warmup=run_index == 0,
-                    seed=run_index * 1000 + level,
-                )
-                state = await self.s.target.state()
-                if state.status != "running":
-                    raise ServerDiedError(
-                        f"server died during the {arm} measurement (c={level}, run {run_index + 1})"
-                    )
-                out[level].append(result.summary)
-                self.s.ledger.add_run(
-                    self.trial_id, arm, level, run_index, result.summary.model_dump()
-                )
-                checkpoint(f"{arm}-run-{run_index + 1}")
-                self.s.notify(
-                    "run",
-                    f"{arm} c={level} run {run_index + 1}/{project.policy.runs}: "
-                    f"{result.summary.output_tok_s:.1f} tok/s, "
-                    f"{result.summary.n_errors} errors",
-                )
-        return out
-
     async def run(self) -> TrialOutcome:
         s = self.s
-        good, spec, facts_before = await s.known_good()
+        policy = s.project.policy
+        self.good, spec, self.facts_before = await s.known_good()
+        self.baseline_facts = self.facts_before
         checked = await s.preflight(spec, self.change)
-        candidate, named = checked.candidate, checked.named_settings
-        candidate_gen = s.ledger.record_generation(s.target.name, candidate.text, note="candidate")
+        self.named = checked.named_settings
+        self.specs: dict[Arm, LaunchSpec] = {"baseline": spec, "candidate": checked.candidate}
+        self.candidate_gen = s.ledger.record_generation(
+            s.target.name, checked.candidate.text, note="candidate"
+        )
         host = await s.target.host_facts()
         # kept in every record of this trial: the host it ran on and what preflight said
         self.context = {"host": host.model_dump(), "preflight_notes": checked.notes}
-        # The source gate analysis runs beside the baseline measurement, not before it.
-        gate_task = asyncio.create_task(
-            gating.analyze(s.engine.name, facts_before.version, self.change, candidate,
-                          gating.gate_host(host, s.project.gpu))
+        # The source gate analysis runs beside the first baseline runs, not before them.
+        self.gate_task = asyncio.create_task(
+            gating.analyze(s.engine.name, self.facts_before.version, self.change,
+                           checked.candidate, gating.gate_host(host, s.project.gpu))
         )  # fmt: skip
-        self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), good.id)
+        self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), self.good.id)
         self._step(
             "preflighted",
-            "; ".join([f"candidate is generation {candidate_gen.id}", *checked.notes]),
-            candidate_gen=candidate_gen.id,
+            "; ".join([f"candidate is generation {self.candidate_gen.id}", *checked.notes]),
+            candidate_gen=self.candidate_gen.id,
             record_json={},
         )
-
-        facts_after: Facts | None = None
-        diff: FactsDiff | None = None
-        installed = False
+        seq = Sequential(policy, s.project.workload.concurrency, design=None)
         try:
-            self._step("measuring-baseline", f"generation {good.id}")
-            baseline = await self._measure("baseline")
-            await self._check_gates(gate_task)
-            self._step("installing", f"generation {candidate_gen.id}")
-            installed = True
-            await s.target.install_spec(candidate)
-            self._step("restarting")
-            try:
-                facts_after = await s.restart_and_read()
-            except ServerNotReadyError as e:
-                verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
-                return await self._finish(verdict, good, candidate_gen, facts_before, None, None)
-            diff = diff_facts(facts_before, facts_after, named)
-            self._step(
-                "facts",
-                "; ".join(c.describe() for c in diff.capacity),
-                record_json={"facts_after": facts_after.model_dump(), "diff": diff.model_dump()},
-            )
-            breach = capacity_breach(s.project.policy, diff)
-            if breach and s.project.policy.capacity_guard == "revert":
-                verdict = Verdict(
-                    decision="REVERT",
-                    effects=[],
-                    reasons=[breach, "capacity_guard = revert: no load spent on the candidate"],
-                )
-                return await self._finish(
-                    verdict, good, candidate_gen, facts_before, facts_after, diff
-                )
-            self._step("measuring", f"generation {candidate_gen.id}")
-            try:
-                cand = await self._measure("candidate")
-            except ServerDiedError as e:
-                verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
-                return await self._finish(
-                    verdict, good, candidate_gen, facts_before, facts_after, diff
-                )
-            verdict = judge(s.project.policy, diff, baseline, cand)
-            return await self._finish(verdict, good, candidate_gen, facts_before, facts_after, diff)
+            self._clock = time.monotonic()
+            while isinstance(step := seq.decision(), Continue):
+                if step.restart:
+                    early = await self._enter(step.arm, seq)
+                    if early is not None:
+                        return await self._finish(early, self.installed)
+                if step.warmup:
+                    gen = self.good if step.arm == "baseline" else self.candidate_gen
+                    self._step(
+                        "measuring-baseline" if step.arm == "baseline" else "measuring",
+                        f"generation {gen.id}: {step.step}",
+                    )
+                try:
+                    await self._measure(seq, step)
+                except ServerDiedError as e:
+                    if step.arm == "baseline":
+                        raise
+                    verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
+                    return await self._finish(verdict, "candidate")
+                if seq.design is None:
+                    seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
+                    s.notify("design", seq.design.why)
+            diff = self.diff or diff_facts(self.facts_before, self.facts_before, set())
+            return await self._finish(step.verdict(policy, diff), step.installed)
         except BaseException as e:
             # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
-            gate_task.cancel()
-            if not installed:
+            self.gate_task.cancel()
+            if not self._touched:
                 with contextlib.suppress(Exception):
                     self._step("aborted", f"{type(e).__name__}: {e}")
                 raise
@@ -320,16 +302,129 @@ class Trial:
                 raise
             with contextlib.suppress(Exception):
                 self._step(
-                    "reverting", f"interrupted ({type(e).__name__}): restoring generation {good.id}"
+                    "reverting",
+                    f"interrupted ({type(e).__name__}): restoring generation {self.good.id}",
                 )
             try:
-                restore = await asyncio.shield(s.restore(good))
+                restore = await asyncio.shield(s.restore(self.good))
             except Exception:
                 # The journal stays unfinished; the next command recovers from it.
                 raise e from None
             with contextlib.suppress(Exception):
                 self._step("reverted", _restore_detail(restore), finished_at=time.time())
             raise
+
+    async def _enter(self, arm: Arm, seq: Sequential) -> Verdict | None:
+        """Install `arm` if it is not installed, restart into it and check its facts. Returns
+        a verdict when the trial must end here (the candidate did not start, or broke a
+        guardrail with capacity_guard = "revert", or the known-good came back different)."""
+        s = self.s
+        if arm == "candidate" and not self._touched:
+            await self._check_gates(self.gate_task)
+        if self.installed != arm:
+            gen = self.good if arm == "baseline" else self.candidate_gen
+            self._step("installing", f"generation {gen.id} ({_ARM_NAMES[arm]})")
+            self._touched = True  # before the install: a kill inside it must restore
+            await s.target.install_spec(self.specs[arm])
+            self.installed = arm
+        self._step("restarting", _ARM_NAMES[arm])
+        try:
+            facts = await s.restart_and_read()
+        except ServerNotReadyError as e:
+            if arm == "baseline":
+                raise
+            return Verdict(decision="REVERT", reasons=[str(e)], effects=[])
+        tolerance = s.engine.capacity_tolerance_pct
+        if arm == "baseline":
+            mismatches = verify_facts(self.facts_before, facts, tolerance)
+            self.baseline_facts = facts if not mismatches else None
+            if mismatches:
+                return Verdict(
+                    decision="REVERT",
+                    effects=[],
+                    reasons=[
+                        "the known-good restarted with other facts than before, so the "
+                        "comparison is void: " + "; ".join(mismatches)
+                    ],
+                )
+            return None
+        if self.facts_after is not None:
+            mismatches = verify_facts(self.facts_after, facts, tolerance)
+            if mismatches:
+                self.notes.append(
+                    "the candidate's facts changed between its restarts: " + "; ".join(mismatches)
+                )
+            return None
+        self.facts_after = facts
+        self.diff = diff_facts(self.facts_before, facts, self.named)
+        self._step(
+            "facts",
+            "; ".join(c.describe() for c in self.diff.capacity),
+            record_json={"facts_after": facts.model_dump(), "diff": self.diff.model_dump()},
+        )
+        breach = capacity_breach(s.project.policy, self.diff)
+        if breach and s.project.policy.capacity_guard == "revert":
+            return Verdict(
+                decision="REVERT",
+                effects=[],
+                reasons=[breach, "capacity_guard = revert: no load spent on the candidate"],
+            )
+        if breach:
+            seq.forced = "capacity guardrail"
+        return None
+
+    async def _measure(self, seq: Sequential, step: Continue) -> None:
+        """One run at every workload level on the running arm, each between two samples of
+        the server machine's foreign load."""
+        s = self.s
+        project = s.project
+        arm = step.arm
+        index = self.runs_done[arm]
+        self.runs_done[arm] += 1
+        for level in project.workload.concurrency:
+            before = await sample_target(s.target)
+            result = await run_level(
+                project.endpoint,
+                project.workload,
+                level,
+                warmup=step.warmup,
+                # unique prompts across both arms: no prefix cache can serve one arm's
+                # prompts to the other
+                seed=(index * 2 + (arm == "candidate")) * 1000 + level,
+            )
+            state = await s.target.state()
+            if state.status != "running":
+                raise ServerDiedError(
+                    f"server died during the {arm} measurement (c={level}, run {index + 1})"
+                )
+            after = await sample_target(s.target)
+            own_pid = os.getpid() if s.target.local else None
+            load = foreign_load(before, after, state.pid, own_pid) if before and after else None
+            why = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
+            set_aside = why is not None and project.policy.set_aside_disturbed
+            if why and not set_aside:
+                self.counted_disturbed += 1
+            now = time.monotonic()
+            seq.observe(
+                arm,
+                level,
+                result.summary,
+                records=result.records,
+                disturbed=why if set_aside else None,
+                elapsed_s=now - self._clock,
+            )
+            self._clock = now
+            s.ledger.add_run(
+                self.trial_id, arm, level, index, result.summary.model_dump(),
+                block=step.block, disturbed=why, foreign=dataclasses.asdict(load) if load else None,
+            )  # fmt: skip
+            checkpoint(f"{arm}-run-{index + 1}")
+            s.notify(
+                "run",
+                f"{arm} c={level} run {index + 1} (block {step.block + 1}): "
+                f"{result.summary.output_tok_s:.1f} tok/s, {result.summary.n_errors} errors"
+                + (f"; {'set aside' if set_aside else 'counted'}, {why}" if why else ""),
+            )
 
     async def _check_gates(self, task: asyncio.Task[list[GateFinding]]) -> None:
         findings = await task
@@ -347,64 +442,95 @@ class Trial:
                 f"source: {first.reason} (see `flagtrial preflight`; --force deploys anyway)"
             )
 
-    async def _finish(
-        self,
-        verdict: Verdict,
-        good: Generation,
-        candidate_gen: Generation,
-        facts_before: Facts,
-        facts_after: Facts | None,
-        diff: FactsDiff | None,
-    ) -> TrialOutcome:
+    async def _finish(self, verdict: Verdict, installed: Arm) -> TrialOutcome:
+        """Act on the verdict: keep the candidate (installing it again if the measurement
+        ended on the known-good) or restore the known-good (no restart when the measurement
+        ended on it, its facts verified at its last restart)."""
         s = self.s
-        if self.gate_reasons:
-            verdict = verdict.model_copy(update={"reasons": [*verdict.reasons, *self.gate_reasons]})
+        if self.counted_disturbed:
+            self.notes.append(
+                f"{self.counted_disturbed} runs had foreign load beyond the limits and were "
+                "counted anyway (set_aside_disturbed = false)"
+            )
+        extra = [*self.notes, *self.gate_reasons]
+        if extra:
+            verdict = verdict.model_copy(update={"reasons": [*verdict.reasons, *extra]})
         self._step(
             "judged",
             verdict.decision,
             verdict=verdict.decision,
             reasons_json=verdict.reasons,
-            record_json=_record(verdict, facts_before, facts_after, diff),
+            record_json=self._record(verdict),
         )
         keep = verdict.decision == "KEEP" or (
             verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
+        if keep and self.facts_after is not None and installed == "baseline":
+            self._step("installing", f"generation {self.candidate_gen.id}, to keep it")
+            await s.target.install_spec(self.specs["candidate"])
+            installed = self.installed = "candidate"
+            self._step("restarting", "candidate, to keep it")
+            facts = await s.restart_and_read()
+            mismatches = verify_facts(self.facts_after, facts, s.engine.capacity_tolerance_pct)
+            if mismatches:
+                keep = False
+                verdict = verdict.model_copy(update={"reasons": [
+                    "not kept: the candidate restarted with other facts than it was measured "
+                    "with: " + "; ".join(mismatches), *verdict.reasons,
+                ]})  # fmt: skip
         restore = None
-        if keep and facts_after is not None:
-            s.ledger.mark_known_good(candidate_gen.id, facts_after.model_dump())
+        if keep and self.facts_after is not None:
+            s.ledger.mark_known_good(self.candidate_gen.id, self.facts_after.model_dump())
             self._settled = True
             self._step(
-                "kept", f"generation {candidate_gen.id} is now known-good", finished_at=time.time()
+                "kept",
+                f"generation {self.candidate_gen.id} is now known-good",
+                finished_at=time.time(),
             )
         else:
-            self._step("reverting", f"restoring generation {good.id}")
-            restore = await s.restore(good)
+            self._step("reverting", f"restoring generation {self.good.id}")
+            if installed == "baseline" and self.baseline_facts is not None:
+                # Already serving, restarted and verified for the last measurement block.
+                restore = Restore(
+                    generation=self.good.id, facts=self.baseline_facts, verified=True,
+                    mismatches=[],
+                )  # fmt: skip
+            else:
+                restore = await s.restore(self.good)
             self._settled = True
             self._step(
                 "reverted",
                 _restore_detail(restore),
                 finished_at=time.time(),
-                record_json={
-                    **_record(verdict, facts_before, facts_after, diff),
-                    "restore": restore.model_dump(),
-                },
+                record_json={**self._record(verdict), "restore": restore.model_dump()},
             )
             if not restore.verified:
                 raise RollbackError(
-                    f"restored generation {good.id} but its facts differ: "
+                    f"restored generation {self.good.id} but its facts differ: "
                     + "; ".join(restore.mismatches)
                 )
         return TrialOutcome(
             trial_id=self.trial_id,
             verdict=verdict,
             outcome="kept" if keep else "reverted",
-            baseline_gen=good.id,
-            candidate_gen=candidate_gen.id,
-            facts_before=facts_before,
-            facts_after=facts_after,
-            diff=diff,
+            baseline_gen=self.good.id,
+            candidate_gen=self.candidate_gen.id,
+            facts_before=self.facts_before,
+            facts_after=self.facts_after,
+            diff=self.diff,
             restore=restore,
         )
+
+    def _record(self, verdict: Verdict) -> dict[str, Any]:
+        return {
+            "verdict": verdict.model_dump(),
+            "facts_before": self.facts_before.model_dump(),
+            "facts_after": self.facts_after.model_dump() if self.facts_after else None,
+            "diff": self.diff.model_dump() if self.diff else None,
+        }
+
+
+_ARM_NAMES: dict[Arm, str] = {"baseline": "known-good", "candidate": "candidate"}
 
 
 def _restore_detail(restore: Restore) -> str:
@@ -413,14 +539,3 @@ def _restore_detail(restore: Restore) -> str:
     return f"generation {restore.generation} serving, facts differ: " + "; ".join(
         restore.mismatches
     )
-
-
-def _record(
-    verdict: Verdict, before: Facts, after: Facts | None, diff: FactsDiff | None
-) -> dict[str, Any]:
-    return {
-        "verdict": verdict.model_dump(),
-        "facts_before": before.model_dump(),
-        "facts_after": after.model_dump() if after else None,
-        "diff": diff.model_dump() if diff else None,
-    }

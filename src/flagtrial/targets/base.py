@@ -45,6 +45,11 @@ class Target(Protocol):
         """A stable identifier for the ledger, e.g. `process:/srv/llama.service`."""
         ...
 
+    @property
+    def local(self) -> bool:
+        """True when the server runs on the machine flagtrial runs on."""
+        ...
+
     async def read_spec(self) -> LaunchSpec:
         """The launch spec as installed now."""
         ...

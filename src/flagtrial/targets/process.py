@@ -68,6 +68,8 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 class ProcessTarget:
+    local = True  # the server is a child process of this machine
+
     def __init__(self, spec_path: Path, state_dir: Path) -> None:
         self.spec_path = spec_path.resolve()
         self.state_dir = state_dir

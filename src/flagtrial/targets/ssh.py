@@ -115,6 +115,8 @@ class _SshHeld:
 class SshRunner:
     """Runs argv lists on one host over a single, lazily opened SSH connection."""
 
+    local = False
+
     def __init__(
         self,
         host: str,

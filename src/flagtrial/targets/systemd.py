@@ -102,6 +102,7 @@ class Held(Protocol):
 
 class Runner(Protocol):
     where: str  # the host, for messages: "this machine", "root@10.200.1.2"
+    local: bool  # runs on the machine flagtrial runs on
 
     async def exec(
         self,
@@ -156,6 +157,7 @@ class _LocalHeld:
 
 class LocalRunner:
     where = "this machine"
+    local = True
 
     async def exec(
         self,
@@ -237,6 +239,10 @@ class SystemdTarget:
         self._mark: str | None = None
         self._held: Held | None = None
         self._holder_info = ""
+
+    @property
+    def local(self) -> bool:
+        return self._runner.local
 
     @property
     def name(self) -> str:
