@@ -52,6 +52,30 @@ def test_newer_schema_refused(tmp_path: Path) -> None:
         Ledger(path)
 
 
+def test_schema_1_ledger_is_migrated_with_its_runs(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path)
+    gen = ledger.record_generation("t", "ExecStart=/bin/x\n")
+    trial = ledger.start_trial("t", {"edits": []}, gen.id)
+    # what schema 1 was: runs without their block and foreign load
+    for column in ("block", "disturbed", "foreign_json"):
+        ledger.db.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    ledger.db.execute(
+        "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at) "
+        "VALUES (?, 'baseline', 8, 0, '{\"output_tok_s\": 100.0}', 0)",
+        (trial,),
+    )
+    ledger.db.execute("PRAGMA user_version=1")
+    ledger.close()
+    migrated = Ledger(path)
+    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    [run] = migrated.runs(trial)
+    assert (run["block"], run["disturbed"], run["foreign"]) == (0, None, None)
+    assert run["summary"] == {"output_tok_s": 100.0}
+    migrated.add_run(trial, "candidate", 8, 0, {}, block=1, disturbed="busy", foreign={"a": 1})
+    assert migrated.runs(trial)[1]["foreign"] == {"a": 1}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

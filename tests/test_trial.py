@@ -188,6 +188,8 @@ def test_aa_trial_finds_no_effect(project: Project) -> None:
     assert arms[0] == "baseline" and sorted(set(arms.values())) == ["baseline", "candidate"]
     assert all(r["foreign"] is not None and r["foreign"]["n_cpus"] >= 1 for r in runs)
     assert outcome.diff is not None and [c.name for c in outcome.diff.explicit] == ["model_alias"]
+    shown = project.cli("show", str(outcome.trial_id)).stdout
+    assert "foreign CPU" in shown and shown.count("candidate") >= 2
 
 
 def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> None:

@@ -212,8 +212,10 @@ def real_table(real: dict) -> list[str]:
     trials = real["trials"]
     w = real["workload"]
     hygiene = "disturbed runs set aside" if real.get("hygiene", "on") == "on" else "hygiene off"
+    driver = real.get("driver", "flagtrial.sequential driven by the harness")
     lines = [
-        f"### Real trials on llama-server ({hygiene}; {real['model']} model, {real['cpus']} "
+        f"### Real trials on llama-server ({driver}; {hygiene}; {real['model']} model, "
+        f"{real['cpus']} "
         f"CPUs, c={w['concurrency'][0]}, {w['requests_per_run']} requests x "
         f"{w['max_tokens']} tokens a run, at most {real['policy']['max_seconds']:g}s a trial)",
         "",

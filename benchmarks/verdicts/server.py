@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,22 +10,16 @@ from pathlib import Path
 
 import httpx
 
-from flagtrial.demo import default_llama_server
+from flagtrial.cache import cache_root, llama_server_path
+from flagtrial.demo import free_port
 from flagtrial.modelgen import generate_model
 
-CACHE = Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache" / "flagtrial"))
 # The demo's server: 8 slots of 1024 tokens, one thread (the measured setup).
 DEFAULT_ARGS = ("--threads", "1", "--ctx-size", "8192", "--parallel", "8")
 
 
 def model(size: str = "small") -> Path:
-    return generate_model(CACHE / "bench-models" / f"{size}.gguf", size=size, seed=1)  # type: ignore[arg-type]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return generate_model(cache_root() / "bench-models" / f"{size}.gguf", size=size, seed=1)  # type: ignore[arg-type]
 
 
 class Server:
@@ -35,7 +27,7 @@ class Server:
 
     def __init__(self, model_path: Path, log: Path) -> None:
         self.model = model_path
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
@@ -50,7 +42,7 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    str(default_llama_server()),
+                    str(llama_server_path()),
                     "-m",
                     str(self.model),
                     "--host",

@@ -554,6 +554,8 @@ def show(
         ui.console.print(f"  {ui._edit(edit)}")
     for reason in row.reasons:
         ui.console.print(f"  - {reason}")
+    if runs:
+        ui.console.print(ui.runs_table(runs))
     ui.console.print(ui.timeline(events))
 
 

@@ -17,28 +17,42 @@ PLOTTED = ("output_tok_s", "ttft_p50", "ttft_p99", "itl_p50")
 
 
 def _plots(runs: list[dict[str, Any]]) -> str:
-    """Per-run values of each arm, one panel per metric, one x position per run."""
+    """Per-run values in the order measured, one panel per metric, coloured by arm; a run
+    with foreign load is drawn as an x, its reason in the hover text."""
     if not runs:
         return ""
     fig = make_subplots(rows=1, cols=len(PLOTTED), subplot_titles=[METRICS[m][0] for m in PLOTTED])
     colours = {"baseline": "#4c78a8", "candidate": "#e45756"}
     for col, metric in enumerate(PLOTTED, start=1):
         for arm, colour in colours.items():
-            points = [r for r in runs if r["arm"] == arm and r["summary"].get(metric) is not None]
-            fig.add_trace(
-                go.Scatter(
-                    x=[f"c={r['concurrency']} #{r['run_index'] + 1}" for r in points],
-                    y=[r["summary"][metric] for r in points],
-                    mode="markers",
-                    name=arm,
-                    legendgroup=arm,
-                    showlegend=col == 1,
-                    marker={"color": colour, "size": 9},
-                ),
-                row=1,
-                col=col,
-            )
+            for flagged in (False, True):
+                points = [
+                    (i, r) for i, r in enumerate(runs, start=1)
+                    if r["arm"] == arm and bool(r.get("disturbed")) == flagged
+                    and r["summary"].get(metric) is not None
+                ]  # fmt: skip
+                if not points:
+                    continue
+                fig.add_trace(
+                    go.Scatter(
+                        x=[i for i, _ in points],
+                        y=[r["summary"][metric] for _, r in points],
+                        mode="markers",
+                        name=f"{arm} (foreign load)" if flagged else arm,
+                        legendgroup=f"{arm}{flagged}",
+                        showlegend=col == 1,
+                        marker={"color": colour, "size": 9, "symbol": "x" if flagged else "circle"},
+                        text=[
+                            f"block {r.get('block', 0) + 1}, c={r['concurrency']}"
+                            + (f"<br>{r['disturbed']}" if flagged else "")
+                            for _, r in points
+                        ],
+                    ),
+                    row=1,
+                    col=col,
+                )
     fig.update_layout(height=380, margin={"t": 60, "b": 40, "l": 40, "r": 20})
+    fig.update_xaxes(title_text="run, in the order measured")
     return "<h2>Runs</h2>" + fig.to_html(full_html=False, include_plotlyjs=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.panel import Panel
@@ -174,4 +175,27 @@ def timeline(events: list[Event]) -> Table:
     table.add_column("detail")
     for e in events:
         table.add_row(time.strftime("%T", time.localtime(e.at)), e.state, e.detail)
+    return table
+
+
+def runs_table(runs: list[dict[str, Any]]) -> Table:
+    """Every run in the order measured: its restart block, arm, level, speed and the
+    foreign load around it (with the reason when hygiene flagged it)."""
+    table = Table(title="runs", title_justify="left")
+    for name in ("#", "block", "arm", "c", "tok/s", "TTFT p99", "errors", "foreign CPU", "flag"):
+        table.add_column(name, justify="left" if name in ("arm", "flag") else "right")
+    for i, r in enumerate(runs, start=1):
+        s = r["summary"]
+        foreign = r.get("foreign")
+        table.add_row(
+            str(i),
+            str(r.get("block", 0) + 1),
+            r["arm"],
+            str(r["concurrency"]),
+            f"{s.get('output_tok_s') or 0:.1f}",
+            f"{s['ttft_p99']:.3g}" if s.get("ttft_p99") is not None else "-",
+            str(s.get("n_errors", 0)),
+            f"{foreign['cpu_cores']:.2f}" if foreign else "-",
+            r.get("disturbed") or "",
+        )
     return table
