@@ -64,8 +64,11 @@ def test_fails_at_startup_stops_before_deploying(tmp_path: Path, monkeypatch) ->
     with pytest.raises(GateError, match=r"fails at startup on this GPU per sglang 0\.5\.23"):
         trial(project)
     assert unit.read_text() == before
-    row = Ledger(project.parent / ".flagtrial" / "ledger.db").trials()[0]
+    ledger = Ledger(project.parent / ".flagtrial" / "ledger.db")
+    row = ledger.trials()[0]
     assert row.state == "aborted"
+    # not even the known-good was restarted for it
+    assert "restarting" not in [e.state for e in ledger.events(row.id)]
     # preflight says the same, with the evidence chain, and fails (exit 4)
     env = {**os.environ, "COLUMNS": "250"}
     result = subprocess.run(

@@ -183,6 +183,8 @@ def test_aa_trial_finds_no_effect(project: Project) -> None:
     assert outcome.verdict.finding in ("equivalent", "unresolved")
     assert outcome.outcome == "reverted" and outcome.restore and outcome.restore.verified
     assert any(s == "design" and d.startswith("interleaved blocks of") for s, d in events)
+    record = Ledger(project.root / ".flagtrial" / "ledger.db").trial(outcome.trial_id).record
+    assert record["design"]["kind"] == "interleaved"
     runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome.trial_id)
     arms = {r["block"]: r["arm"] for r in runs}
     assert arms[0] == "baseline" and sorted(set(arms.values())) == ["baseline", "candidate"]

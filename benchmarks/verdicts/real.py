@@ -93,8 +93,9 @@ def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> 
         db.close()
     verdict = outcome.verdict
     effect = next((e for e in verdict.effects if e.metric == primary), None)
-    why = next((r for r in verdict.reasons if r.startswith(("the interval", "bound:", "machine"))),
-               verdict.reasons[0])  # fmt: skip
+    # why the measurement stopped: Stop.why, the first of the verdict's notes
+    stops = ("the interval", "bound:", "machine", "latency guardrail", "error guardrail")
+    why = next((r for r in verdict.reasons if r.startswith(stops)), verdict.reasons[0])
     foreign = [r["foreign"]["cpu_cores"] for r in runs if r["foreign"]]
     return {
         "decision": verdict.decision,

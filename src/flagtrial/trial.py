@@ -223,6 +223,7 @@ class Trial:
         self._settled = False
         # True from the first install of the candidate: from then on any failure restores.
         self._touched = False
+        self._gates_checked = False
         self.installed: Arm = "baseline"
         self.runs_done: dict[Arm, int] = {"baseline": 0, "candidate": 0}
         self.baseline_facts: Facts | None = None  # the known-good's facts at its last restart
@@ -289,6 +290,7 @@ class Trial:
                 if seq.design is None:
                     seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
                     s.notify("design", seq.design.why)
+                    self.context["design"] = dataclasses.asdict(seq.design)
             diff = self.diff or diff_facts(self.facts_before, self.facts_before, set())
             return await self._finish(step.verdict(policy, diff), step.installed)
         except BaseException as e:
@@ -319,7 +321,10 @@ class Trial:
         a verdict when the trial must end here (the candidate did not start, or broke a
         guardrail with capacity_guard = "revert", or the known-good came back different)."""
         s = self.s
-        if arm == "candidate" and not self._touched:
+        if not self._gates_checked:
+            # Before the first restart of any kind: a change that fails at startup here
+            # must not cost the known-good even one restart.
+            self._gates_checked = True
             await self._check_gates(self.gate_task)
         if self.installed != arm:
             gen = self.good if arm == "baseline" else self.candidate_gen
