@@ -493,8 +493,14 @@ class Trial:
                 finished_at=time.time(),
             )
         else:
-            self._step("reverting", f"restoring generation {self.good.id}")
-            if installed == "baseline" and self.baseline_facts is not None:
+            serving = installed == "baseline" and self.baseline_facts is not None
+            self._step(
+                "reverting",
+                f"generation {self.good.id} already serving, verified at its last restart"
+                if serving
+                else f"restoring generation {self.good.id}",
+            )
+            if serving:
                 # Already serving, restarted and verified for the last measurement block.
                 restore = Restore(
                     generation=self.good.id, facts=self.baseline_facts, verified=True,
