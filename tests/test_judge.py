@@ -10,29 +10,7 @@ from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.judge import Effect, Verdict, decide
 from flagtrial.load.summary import RunSummary
 from flagtrial.settings import Policy
-
-
-def summary(tok_s: float, ttft: float = 0.2, errors: int = 0, c: int = 8) -> RunSummary:
-    n = 16
-    return RunSummary(
-        concurrency=c,
-        n_requests=n,
-        n_ok=n - errors,
-        n_errors=errors,
-        error_rate=errors / n,
-        duration_s=5.0,
-        output_tokens=int(tok_s * 5),
-        output_tok_s=tok_s,
-        request_rate=n / 5,
-        ttft_p50=ttft,
-        ttft_p90=ttft * 1.2,
-        ttft_p99=ttft * 1.5,
-        itl_p50=0.01,
-        itl_p90=0.012,
-        itl_p99=0.02,
-        e2e_p50=1.0,
-        errors={"HTTP 500: boom": errors} if errors else {},
-    )
+from runsummaries import summary
 
 
 def facts(slots: float) -> Facts:

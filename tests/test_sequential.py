@@ -14,34 +14,12 @@ from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.sequential import Continue, Design, Sequential, Stop, choose_design
 from flagtrial.settings import Policy
+from runsummaries import summary
 
 FACTS = Facts(engine="llamacpp", capacity={"concurrent_requests": 8}, settings={"n_slots": 8})
 NO_DIFF = diff_facts(FACTS, FACTS, set())
 INTERLEAVED = Design("interleaved", 1, "test")
 BEFORE_AFTER = Design("before-after", 3, "test")
-
-
-def summary(tok_s: float, *, ttft: float = 0.5, errors: int = 0, c: int = 8) -> RunSummary:
-    n = 16
-    return RunSummary(
-        concurrency=c,
-        n_requests=n,
-        n_ok=n - errors,
-        n_errors=errors,
-        error_rate=errors / n,
-        duration_s=5.0,
-        output_tokens=int(tok_s * 5),
-        output_tok_s=tok_s,
-        request_rate=(n - errors) / 5,
-        ttft_p50=ttft,
-        ttft_p90=ttft,
-        ttft_p99=ttft,
-        itl_p50=0.01,
-        itl_p90=0.01,
-        itl_p99=0.01,
-        e2e_p50=1.0,
-        errors={"HTTP 500": errors} if errors else {},
-    )
 
 
 Source = Callable[[Continue, int], RunSummary]
@@ -196,6 +174,17 @@ def test_disturbed_runs_are_set_aside_with_their_reason() -> None:
     assert verdict.decision == "KEEP"
     assert all(r.output_tok_s > 200 for r in stop_runs(step))
     assert any("set aside as disturbed" in r and "1.9 cores" in r for r in verdict.reasons)
+
+
+def test_disturbed_runs_count_when_the_policy_says_so() -> None:
+    policy = Policy(set_aside_disturbed=False)
+    seq = Sequential(policy, [8], INTERLEAVED)
+    while isinstance(step := seq.decision(), Continue):
+        seq.observe(step.arm, 8, summary(300.0), disturbed="disturbed: foreign CPU 1.5 cores")
+    verdict = step.verdict(policy, NO_DIFF)
+    assert not any("too busy" in r or "set aside" in r for r in verdict.reasons)
+    assert any("were counted anyway (set_aside_disturbed = false)" in r for r in verdict.reasons)
+    assert verdict.finding == "equivalent"
 
 
 def stop_runs(stop: Stop) -> list[RunSummary]:

@@ -105,8 +105,9 @@ class _Run:
     level: int
     summary: RunSummary
     values: dict[str, float]
-    disturbed: str | None
+    disturbed: str | None  # why the run is set aside; None: it counts
     at_s: float
+    flagged: str | None = None  # hygiene's reason, set aside or not (set_aside_disturbed)
 
 
 @dataclass
@@ -156,8 +157,9 @@ class Sequential:
         elapsed_s: float | None = None,
     ) -> None:
         """One run at one level. `records` are needed for goodput; `disturbed` is hygiene's
-        reason to set the run aside; `elapsed_s` is the wall time since the last observe,
-        restart and warm-up included (default: the run's own duration)."""
+        reason to set the run aside (counted anyway when the policy's set_aside_disturbed is
+        false); `elapsed_s` is the wall time since the last observe, restart and warm-up
+        included (default: the run's own duration)."""
         block = self.blocks[-1] if self.blocks else None
         if block is None or arm != block.arm or level not in block.pending:
             raise ValueError(f"not asked for: {arm} c={level}")
@@ -177,7 +179,12 @@ class Sequential:
                 value = getattr(summary, metric)
             if value is not None and value > 0:
                 values[metric] = float(value)
-        self.runs.append(_Run(arm, block.index, level, summary, values, disturbed, self.clock_s))
+        flagged = disturbed
+        if not self.policy.set_aside_disturbed:
+            disturbed = None
+        self.runs.append(
+            _Run(arm, block.index, level, summary, values, disturbed, self.clock_s, flagged)
+        )
         if disturbed is None:
             for metric, value in values.items():
                 by_block = self.logs.setdefault((level, metric), {})
@@ -416,6 +423,12 @@ class Sequential:
             notes.append(
                 f"{len(bad)} of {len(self.runs)} runs set aside as disturbed, e.g. "
                 f"{bad[0].arm} c={bad[0].level}: {bad[0].disturbed}"
+            )
+        counted = sum(1 for r in self.runs if r.flagged and not r.disturbed)
+        if counted:
+            notes.append(
+                f"{counted} runs had foreign load beyond the limits and were counted anyway "
+                "(set_aside_disturbed = false)"
             )
         self.stopped = Stop(
             why=why,

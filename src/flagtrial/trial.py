@@ -230,7 +230,6 @@ class Trial:
         self.facts_after: Facts | None = None
         self.diff: FactsDiff | None = None
         self._clock = 0.0
-        self.counted_disturbed = 0  # runs with foreign load, counted by the policy's choice
 
     def _step(self, state: str, detail: str = "", **fields: Any) -> None:
         """Journal a step before acting on it (write-ahead), then announce it."""
@@ -273,7 +272,7 @@ class Trial:
                 if step.restart:
                     early = await self._enter(step.arm, seq)
                     if early is not None:
-                        return await self._finish(early, self.installed)
+                        return await self._finish(early)
                 if step.warmup:
                     gen = self.good if step.arm == "baseline" else self.candidate_gen
                     self._step(
@@ -286,13 +285,13 @@ class Trial:
                     if step.arm == "baseline":
                         raise
                     verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
-                    return await self._finish(verdict, "candidate")
+                    return await self._finish(verdict)
                 if seq.design is None:
                     seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
                     s.notify("design", seq.design.why)
                     self.context["design"] = dataclasses.asdict(seq.design)
             diff = self.diff or diff_facts(self.facts_before, self.facts_before, set())
-            return await self._finish(step.verdict(policy, diff), step.installed)
+            return await self._finish(step.verdict(policy, diff))
         except BaseException as e:
             # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
             self.gate_task.cancel()
@@ -386,8 +385,10 @@ class Trial:
         arm = step.arm
         index = self.runs_done[arm]
         self.runs_done[arm] += 1
+        # one sample between two levels' runs serves as the after of one and the before of
+        # the next: half the samples (each a round trip on a remote target)
+        before = await sample_target(s.target)
         for level in project.workload.concurrency:
-            before = await sample_target(s.target)
             result = await run_level(
                 project.endpoint,
                 project.workload,
@@ -405,17 +406,16 @@ class Trial:
             after = await sample_target(s.target)
             own_pid = os.getpid() if s.target.local else None
             load = foreign_load(before, after, state.pid, own_pid) if before and after else None
+            before = after
             why = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
             set_aside = why is not None and project.policy.set_aside_disturbed
-            if why and not set_aside:
-                self.counted_disturbed += 1
             now = time.monotonic()
             seq.observe(
                 arm,
                 level,
                 result.summary,
                 records=result.records,
-                disturbed=why if set_aside else None,
+                disturbed=why,
                 elapsed_s=now - self._clock,
             )
             self._clock = now
@@ -447,16 +447,11 @@ class Trial:
                 f"source: {first.reason} (see `flagtrial preflight`; --force deploys anyway)"
             )
 
-    async def _finish(self, verdict: Verdict, installed: Arm) -> TrialOutcome:
+    async def _finish(self, verdict: Verdict) -> TrialOutcome:
         """Act on the verdict: keep the candidate (installing it again if the measurement
         ended on the known-good) or restore the known-good (no restart when the measurement
         ended on it, its facts verified at its last restart)."""
         s = self.s
-        if self.counted_disturbed:
-            self.notes.append(
-                f"{self.counted_disturbed} runs had foreign load beyond the limits and were "
-                "counted anyway (set_aside_disturbed = false)"
-            )
         extra = [*self.notes, *self.gate_reasons]
         if extra:
             verdict = verdict.model_copy(update={"reasons": [*verdict.reasons, *extra]})
@@ -470,10 +465,10 @@ class Trial:
         keep = verdict.decision == "KEEP" or (
             verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
-        if keep and self.facts_after is not None and installed == "baseline":
+        if keep and self.facts_after is not None and self.installed == "baseline":
             self._step("installing", f"generation {self.candidate_gen.id}, to keep it")
             await s.target.install_spec(self.specs["candidate"])
-            installed = self.installed = "candidate"
+            self.installed = "candidate"
             self._step("restarting", "candidate, to keep it")
             facts = await s.restart_and_read()
             mismatches = verify_facts(self.facts_after, facts, s.engine.capacity_tolerance_pct)
@@ -493,7 +488,7 @@ class Trial:
                 finished_at=time.time(),
             )
         else:
-            serving = installed == "baseline" and self.baseline_facts is not None
+            serving = self.installed == "baseline" and self.baseline_facts is not None
             self._step(
                 "reverting",
                 f"generation {self.good.id} already serving, verified at its last restart"

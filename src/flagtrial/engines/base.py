@@ -46,11 +46,11 @@ class Engine(Protocol):
 
 async def wait_ready(
     engine: Engine, target: Target, base_url: str, mark: str, timeout_s: float
-) -> float:
+) -> None:
     """Poll readiness and the supervisor together, so a crash ends the wait at once.
 
-    Returns the seconds it took. Readiness only counts while the target's own process is
-    alive: a foreign server answering on the same port must not pass for ours.
+    Readiness only counts while the target's own process is alive: a foreign server
+    answering on the same port must not pass for ours. (The caller times the whole restart.)
     """
     start = time.monotonic()
     async with httpx.AsyncClient(timeout=2.0) as client:
@@ -68,7 +68,7 @@ async def wait_ready(
                 except httpx.HTTPError:
                     ready = False
                 if ready and (await target.state()).status == "running":
-                    return time.monotonic() - start
+                    return
             if time.monotonic() - start > timeout_s:
                 raise ServerNotReadyError(f"server not ready at {base_url} within {timeout_s:g}s")
             await asyncio.sleep(POLL_S)
