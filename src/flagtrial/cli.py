@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import importlib.metadata
 import json
 import shutil
 import signal
@@ -18,20 +19,19 @@ import typer
 
 from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
-from flagtrial.errors import FlagtrialError, GateError
+from flagtrial.errors import FlagtrialError, GateError, UsageError
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.analyze import analyze_change, render_text
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
 from flagtrial.ledger import FINISHED_STATES, Ledger
-from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project
+from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
 
 app = typer.Typer(
-    add_completion=False,
     no_args_is_help=True,
     help="Trial a launch-flag change on an LLM server: preflight, deploy, measure, "
     "decide, roll back.",
@@ -64,6 +64,23 @@ UnsetEnvOpt = Annotated[
 ]
 
 
+def _version(value: bool) -> None:
+    if value:
+        ui.console.print(f"flagtrial {importlib.metadata.version('flagtrial')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print the version"),
+    ] = False,
+) -> None:
+    """Trial a launch-flag change on an LLM server: preflight, deploy, measure, decide,
+    roll back."""
+
+
 def run(body: Callable[[], Awaitable[T]]) -> T:
     """Run a command body; a FlagtrialError becomes one line on stderr and its exit code.
 
@@ -91,12 +108,14 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
 
 @contextlib.asynccontextmanager
 async def open_session(
-    project_path: Path, *, accept_new_host_key: bool = False
+    project_path: Path, *, accept_new_host_key: bool = False, json_out: bool = False
 ) -> AsyncIterator[Session]:
+    """With `json_out`, progress lines go to stderr: stdout holds only the JSON."""
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
+    notify = ui.notify_stderr if json_out else ui.notify
     session = Session(
-        project, target, make_engine(project.engine), Ledger(project.ledger_path), ui.notify
+        project, target, make_engine(project.engine), Ledger(project.ledger_path), notify
     )
     try:
         yield session
@@ -125,6 +144,19 @@ def make_change(
 
 def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_output(out: Path, text: str, *, overwrite: bool = True) -> None:
+    """Write a file a command produces; a path that exists (unless `overwrite`) or cannot be
+    written is one UsageError line."""
+    if out.is_dir():
+        raise UsageError(f"{out} is a folder: give a file name")
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out} exists (use --force to overwrite)")
+    try:
+        out.write_text(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror}") from None
 
 
 INIT_TEMPLATE = """\
@@ -222,19 +254,19 @@ def init(
         raise typer.BadParameter("give --unit or --from-unit")
     engine = engine or "llamacpp"
     endpoint = endpoint or f"http://127.0.0.1:{DEFAULT_PORTS.get(engine, 8080)}"
-    project.write_text(
-        INIT_TEMPLATE.format(
-            target=target,
-            unit=unit,
-            engine=engine,
-            endpoint=endpoint,
-            known_hosts="" if ssh.known_hosts else "# ",
-            known_hosts_path=ssh.known_hosts or "~/.ssh/known_hosts",
-            identity="" if ssh.identity_file else "# ",
-            identity_path=ssh.identity_file or "~/.ssh/id_ed25519",
-        )
+    text = INIT_TEMPLATE.format(
+        target=target,
+        unit=unit,
+        engine=engine,
+        endpoint=endpoint,
+        known_hosts="" if ssh.known_hosts else "# ",
+        known_hosts_path=ssh.known_hosts or "~/.ssh/known_hosts",
+        identity="" if ssh.identity_file else "# ",
+        identity_path=ssh.identity_file or "~/.ssh/id_ed25519",
     )
-    load_project(project)
+    # Checked before it is written: a bad option leaves no invalid file behind.
+    parse_project(text, project)
+    write_output(project, text)
     ui.console.print(f"wrote {project}: {engine} at {endpoint}, unit {unit} on {target}")
 
 
@@ -275,6 +307,8 @@ def model(
 
     if size not in ("tiny", "small"):
         raise typer.BadParameter("size must be tiny or small")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent} is not a folder (flagtrial model creates no folders)")
     generate_model(out, size=size, seed=seed)  # type: ignore[arg-type]
     ui.console.print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
 
@@ -298,7 +332,9 @@ def trial(
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> int:
-        async with open_session(project, accept_new_host_key=accept_new) as session:
+        async with open_session(
+            project, accept_new_host_key=accept_new, json_out=json_out
+        ) as session:
             async with session.target.lock("flagtrial trial"):
                 outcome = await Trial(session, change, force=force).run()
             if json_out:
@@ -391,11 +427,15 @@ def rollback(
     to: Annotated[int | None, typer.Option("--to", help="generation to restore")] = None,
     project: ProjectOpt = Path(PROJECT_FILE),
     accept_new: AcceptNewOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
-    """Restore the last known-good generation (or --to GEN), restart, verify its facts."""
+    """Restore the last known-good generation (or --to GEN, one that was known-good once),
+    restart, verify its facts."""
 
     async def body() -> None:
-        async with open_session(project, accept_new_host_key=accept_new) as session:
+        async with open_session(
+            project, accept_new_host_key=accept_new, json_out=json_out
+        ) as session:
             async with session.target.lock("flagtrial rollback"):
                 await session.recover()
                 gen = (
@@ -407,15 +447,21 @@ def rollback(
                     raise FlagtrialError("the ledger has no known-good generation for this target")
                 if gen.target != session.target.name:
                     raise FlagtrialError(f"generation {gen.id} belongs to {gen.target}")
+                if not gen.known_good or gen.facts is None:
+                    # Its facts were never verified: restoring it would make an untried spec
+                    # the known-good without a trial.
+                    raise UsageError(
+                        f"generation {gen.id} was never known-good ({gen.note or 'no note'}): "
+                        "try it with `flagtrial trial` instead"
+                    )
                 restore = await session.restore(gen)
-                if restore.verified or gen.facts is None:
+                if restore.verified:
                     session.ledger.mark_known_good(gen.id, restore.facts.model_dump())
-            ui.console.print(
-                ui.restore_line(restore)
-                if gen.facts
-                else f"restored generation {gen.id} (no recorded facts to verify against)"
-            )
-            if gen.facts and not restore.verified:
+            if json_out:
+                emit_json(restore.model_dump())
+            else:
+                ui.console.print(ui.restore_line(restore))
+            if not restore.verified:
                 raise typer.Exit(9)
 
     run(body)
@@ -447,10 +493,14 @@ app.add_typer(ledger_app, name="ledger")
 
 
 @ledger_app.command("export")
-def ledger_export(out: Path, project: ProjectOpt = Path(PROJECT_FILE)) -> None:
+def ledger_export(
+    out: Path,
+    project: ProjectOpt = Path(PROJECT_FILE),
+    force: Annotated[bool, typer.Option(help="overwrite an existing file")] = False,
+) -> None:
     """Write every generation, trial, journal event and run to a JSON file."""
     ledger = Ledger(load_project(project).ledger_path)
-    out.write_text(json.dumps(ledger.export(), indent=1))
+    write_output(out, json.dumps(ledger.export(), indent=1), overwrite=force)
     ui.console.print(f"wrote {out}")
 
 
@@ -571,7 +621,7 @@ def report(
     from flagtrial.report import render_html
 
     proj = load_project(project)
-    out.write_text(render_html(Ledger(proj.ledger_path), trial_id))
+    write_output(out, render_html(Ledger(proj.ledger_path), trial_id))
     ui.console.print(f"wrote {out}")
 
 

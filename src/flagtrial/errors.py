@@ -15,6 +15,13 @@ class ProjectError(FlagtrialError):
     exit_code = 2
 
 
+class UsageError(FlagtrialError):
+    """Bad command-line use: a generation or trial that does not exist, a path that cannot
+    be written, an output file that would be overwritten."""
+
+    exit_code = 2
+
+
 class SpecError(FlagtrialError):
     """A unit file or command line cannot be parsed or rendered."""
 

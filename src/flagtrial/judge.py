@@ -152,7 +152,9 @@ def decide(
             effects=found,
             finding="unresolved",
             reasons=[
-                f"no usable {METRICS[policy.primary_metric][0]} runs at c={level}",
+                f"no interval for {METRICS[policy.primary_metric][0]} at c={level}: "
+                f"{len(baseline.get(level, []))} known-good and "
+                f"{len(candidate.get(level, []))} candidate clean runs",
                 *costs,
                 *reasons,
             ],

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from flagtrial.errors import LedgerError
+from flagtrial.errors import LedgerError, UsageError
 
 SCHEMA_VERSION = 2
 
@@ -179,7 +179,7 @@ class Ledger:
     def generation(self, gen_id: int) -> Generation:
         row = self.db.execute("SELECT * FROM generations WHERE id=?", (gen_id,)).fetchone()
         if row is None:
-            raise LedgerError(f"no generation {gen_id} in {self.path}")
+            raise UsageError(f"no generation {gen_id} in {self.path}")
         return self._generation(row)
 
     def last_known_good(self, target: str) -> Generation | None:
@@ -264,7 +264,7 @@ class Ledger:
     def trial(self, trial_id: int) -> TrialRow:
         row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
         if row is None:
-            raise LedgerError(f"no trial {trial_id} in {self.path}")
+            raise UsageError(f"no trial {trial_id} in {self.path}")
         return self._trial(row)
 
     def trials(self, target: str | None = None) -> list[TrialRow]:

@@ -184,11 +184,23 @@ class Project(BaseModel):
 
 
 def load_project(path: Path) -> Project:
-    """Read and validate flagtrial.toml; every failure is one ProjectError line."""
+    """Read and validate flagtrial.toml (a folder means its flagtrial.toml); every failure is
+    one ProjectError line."""
+    if path.is_dir():
+        path = path / PROJECT_FILE
     if not path.exists():
         raise ProjectError(f"no project file at {path} (run `flagtrial init` to write one)")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProjectError(f"cannot read {path}: {e}") from e
+    return parse_project(text, path)
+
+
+def parse_project(text: str, path: Path) -> Project:
+    """Validate a project file's text as if it were at `path`."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProjectError(f"{path}: not valid TOML: {e}") from e
     try:

@@ -282,6 +282,8 @@ class Trial:
                 try:
                     await self._measure(seq, step)
                 except ServerDiedError as e:
+                    if step.arm == "baseline" and not self._touched:
+                        raise await self._restart_known_good(e) from None
                     if step.arm == "baseline":
                         raise
                     verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
@@ -314,6 +316,16 @@ class Trial:
             with contextlib.suppress(Exception):
                 self._step("reverted", _restore_detail(restore), finished_at=time.time())
             raise
+
+    async def _restart_known_good(self, died: ServerDiedError) -> ServerDiedError:
+        """The known-good died while measured as found (nothing of the candidate installed):
+        start it again, so the trial never leaves the server down, and say how it came back."""
+        self._step("restarting", f"known-good, after it died: {died}")
+        try:
+            restore = await self.s.restore(self.good)
+        except FlagtrialError as e:
+            return ServerDiedError(f"{died}; restarting the known-good failed too: {e}")
+        return ServerDiedError(f"{died}; restarted: {_restore_detail(restore)}")
 
     async def _enter(self, arm: Arm, seq: Sequential) -> Verdict | None:
         """Install `arm` if it is not installed, restart into it and check its facts. Returns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -15,16 +16,32 @@ from flagtrial.ledger import Event, Generation, TrialRow
 from flagtrial.targets.base import HostFacts
 from flagtrial.trial import Restore, TrialOutcome
 
-console = Console(highlight=False)
+# On a terminal, output follows its width; piped output is never wrapped (a width no
+# line reaches), so diff lines and table cells reach the next tool whole.
+UNWRAPPED = 100_000
+console = Console(highlight=False, width=None if sys.stdout.isatty() else UNWRAPPED)
 # soft_wrap: an error is one line, whatever the terminal width
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+err_console = Console(
+    stderr=True,
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stderr.isatty() else UNWRAPPED,
+)
 
 COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
 
 
 def notify(state: str, detail: str) -> None:
-    stamp = time.strftime("%H:%M:%S")
-    console.print(f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {detail}")
+    console.print(_progress(state, detail))
+
+
+def notify_stderr(state: str, detail: str) -> None:
+    """Progress for a command whose stdout holds only JSON."""
+    err_console.print(_progress(state, detail))
+
+
+def _progress(state: str, detail: str) -> str:
+    return f"[dim]{time.strftime('%H:%M:%S')}[/dim] [bold]{state:<18}[/bold] {detail}"
 
 
 def host_line(host: HostFacts, facts: Facts) -> str:
