@@ -121,6 +121,9 @@ def test_missing_trial_and_generation_are_usage_errors(tmp_path: Path) -> None:
     project.write_text('unit = "u.service"\n')
     assert "no trial 999" in one_line_error(cli("show", "999", "-p", str(project)), 2)
     assert "no trial 999" in one_line_error(cli("report", "999", "-p", str(project)), 2)
+    assert "no generation 999" in one_line_error(
+        cli("rollback", "--to", "999", "-p", str(project)), 2
+    )
 
 
 def test_export_refuses_to_overwrite_and_bad_paths_are_one_line(tmp_path: Path) -> None:
