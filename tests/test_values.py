@@ -12,14 +12,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import flagtrial
+from fixtures.engines.wheels import SGLANG
 from flagtrial.cache import llama_server_path
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.errors import ChangeError
@@ -27,6 +31,7 @@ from flagtrial.launch.change import Change, Edit, apply_change, value_notes
 from flagtrial.launch.schema import FlagSchema, value_problem
 from flagtrial.launch.spec import parse_unit
 from flagtrial.targets.process import ProcessTarget
+from test_engine_sglang import seed_project  # noqa: F401 - an SGLang stand-in project
 from test_trial import Project, project  # noqa: F401 - the real llama-server project fixture
 
 UNIT = """\
@@ -290,3 +295,30 @@ def test_a_crash_at_start_shows_the_engines_own_line(project: Project) -> None: 
     project.unit.write_text(text.replace("--ctx-size 8192", "--ctx-size 1"))
     result = project.cli("facts")
     one_line_error(result, 7, "server crashed at start (exit -6): common.cpp:2158: get_sub_batch")
+
+
+@pytest.mark.slow
+def test_sglang_preflight_runs_its_parser_on_set_and_add_values(
+    seed_project,  # noqa: F811
+) -> None:
+    """SGLang's values are checked by a real argparse parser built from the version's flag
+    table, in preflight, before anything is deployed."""
+    project_file = seed_project(SGLANG)
+    before = (project_file.parent / "sglang.service").read_bytes()
+    # seed_project points PYTHONPATH at the wheel: this checkout's flagtrial goes after it.
+    src = Path(flagtrial.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{os.environ['PYTHONPATH']}{os.pathsep}{src}"}
+    for args, text in [
+        (["--set", "--tp-size=four"], "sglang 0.5.23 rejects the command line: argument "),
+        (["--add", "--attention-backend=fa9"], "--attention-backend fa9: not one of"),
+        (["--add", "--tp-size=2"], "--tp-size is already on the command line (as --tp-size 4)"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "flagtrial", "preflight", *args, "--project", str(project_file)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        one_line_error(result, 4, text)
+    assert (project_file.parent / "sglang.service").read_bytes() == before
