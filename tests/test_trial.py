@@ -247,11 +247,12 @@ def test_crash_at_start_rolls_back(project: Project) -> None:
 
 
 def test_never_ready_rolls_back(project: Project) -> None:
-    # The candidate serves on another port: alive, but never ready where we look.
+    # The candidate serves under another path (/elsewhere/health): alive, but never ready
+    # where we look. (A change of port is refused before the trial.)
     project.file.write_text(
         project.file.read_text().replace("ready_timeout_s = 30", "ready_timeout_s = 3")
     )
-    result = project.cli("trial", "--set", f"--port={free_port()}")
+    result = project.cli("trial", "--set", "--api-prefix=/elsewhere")
     assert result.returncode == 10, result.stdout + result.stderr
     assert "not ready" in result.stdout
     assert "verified" in result.stdout

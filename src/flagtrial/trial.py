@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from flagtrial.engines.base import Engine, wait_ready
+from flagtrial.engines import DEFAULT_PORTS
+from flagtrial.engines.base import Engine, ValueChecker, wait_ready
 from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import FlagtrialError, GateError, RollbackError, ServerNotReadyError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
@@ -27,7 +28,14 @@ from flagtrial.gates import preflight as gating
 from flagtrial.gates.model import GateFinding
 from flagtrial.hygiene import disturbed, foreign_load, sample_target
 from flagtrial.judge import Verdict, capacity_breach
-from flagtrial.launch.change import Change, apply_change, names_touched
+from flagtrial.launch.change import (
+    Change,
+    apply_change,
+    check_listen_address,
+    checkable_args,
+    names_touched,
+    value_notes,
+)
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.ledger import Generation, Ledger
 from flagtrial.load.runner import run_level
@@ -173,7 +181,14 @@ class Session:
         flags and parser, and which resolved settings the change names."""
         schema = await self.engine.flag_schema(self.target, spec.program)
         candidate = apply_change(spec, change, schema)
-        notes = check_candidate(schema, candidate)
+        check_listen_address(
+            spec, candidate, schema, self.project.endpoint, DEFAULT_PORTS.get(self.engine.name)
+        )
+        if isinstance(self.engine, ValueChecker):
+            await self.engine.check_values(
+                self.target, spec.program, checkable_args(change, schema)
+            )
+        notes = [*value_notes(change, schema), *check_candidate(schema, candidate)]
         named = {k for f in names_touched(change, schema) for k in self.engine.settings_for_flag(f)}
         return Preflight(candidate=candidate, notes=notes, named_settings=named)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import httpx
 
@@ -41,6 +41,15 @@ class Engine(Protocol):
 
     async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
         """The engine's own flag schema, from the program the spec runs (`spec.program`)."""
+        ...
+
+
+@runtime_checkable
+class ValueChecker(Protocol):
+    """An engine whose own parser can check argument values without starting a server."""
+
+    async def check_values(self, target: Target, program: list[str], args: list[str]) -> None:
+        """Raise ChangeError with the engine's own message when it rejects args."""
         ...
 
 

@@ -48,6 +48,7 @@ def _flag_def(spec: dict[str, Any]) -> FlagDef:
         negative_names=negative,
         nargs=nargs if isinstance(nargs, int) else int(takes_value),
         variadic=nargs in ("+", "*"),
+        repeatable=spec["action"] in ("append", "extend", "count"),
     )
 
 

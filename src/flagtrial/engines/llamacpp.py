@@ -8,10 +8,12 @@ and the startup log line
 from __future__ import annotations
 
 import re
+from pathlib import PurePath
 
 import httpx
 
 from flagtrial.engines.schema_cache import help_schema
+from flagtrial.errors import ChangeError
 from flagtrial.facts import Facts, Scalar
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
@@ -24,9 +26,16 @@ AUTO_LINE = re.compile(
     r"n_parallel is set to auto, using n_parallel = (\d+) and kv_unified = (\w+)"
 )
 THREADS_LINE = re.compile(r"threadpool init, n_threads = (\d+)")
-# llama.cpp's log marks errors with level "E" (`0.00.003.244 E srv  start: couldn't bind ...`);
-# argument errors are printed bare (`error: invalid argument: --bogus`).
-CRASH_LINES = re.compile(r"^\s*[\d.]+ E |^error: ")
+# The line that says why llama-server stopped, most telling first: an argument error
+# (common/arg.cpp prints `error while handling argument "-np": stoi` or
+# `error: invalid argument: --bogus`, then the usage), a GGML_ABORT (`file.cpp:2526:
+# GGML_ASSERT(n_outputs >= 1) failed`), then the first line logged at level "E"
+# (`0.00.003.244 E srv  start: couldn't bind ...`).
+CRASH_LINES = (
+    re.compile(r"^error while handling (argument|environment variable) |^error: "),
+    re.compile(r"^\S+\.(?:c|cpp|h):\d+: "),
+    re.compile(r"^\s*[\d.]+ E "),
+)
 
 # Which resolved settings a flag sets directly; anything else that changes is implicit.
 FLAG_SETTINGS: dict[str, set[str]] = {
@@ -108,8 +117,25 @@ class LlamaCppEngine:
         )
 
     def crash_reason(self, log: str) -> str | None:
-        hits = [line.strip() for line in log.splitlines() if CRASH_LINES.search(line)]
-        return hits[0] if hits else None
+        lines = log.splitlines()
+        for pattern in CRASH_LINES:
+            for line in lines:
+                if pattern.search(line):
+                    # An abort names a build path: keep the file name and the message.
+                    return re.sub(r"^\S*/", "", line.strip())
+        return None
+
+    async def check_values(self, target: Target, program: list[str], args: list[str]) -> None:
+        """Put the edited values through llama-server's own parser: `PROGRAM ARGS --help` parses
+        every argument (each handler runs, `-np 0` throws), then prints usage and exits 0
+        without loading anything. Only value flags of a known kind (numbers, toggles,
+        choices) go in: their handlers touch no files, unlike `--log-file`."""
+        if not args:
+            return
+        rc, out = await target.run([*program, *args, "--help"])
+        if rc != 0:
+            reason = self.crash_reason(out) or f"exit {rc}"
+            raise ChangeError(f"{PurePath(program[-1]).name} rejects {' '.join(args)}: {reason}")
 
     def settings_for_flag(self, canonical_flag: str) -> set[str]:
         return FLAG_SETTINGS.get(canonical_flag, set())

@@ -22,7 +22,7 @@ from flagtrial.launch.execwords import (
     resolve_specifiers,
     unliteral_word,
 )
-from flagtrial.launch.schema import ArgItem, FlagDef, FlagSchema, parse_argv
+from flagtrial.launch.schema import ArgItem, FlagDef, FlagSchema, parse_argv, value_problem
 from flagtrial.launch.spec import LaunchSpec
 
 EditOp = Literal["add", "remove", "set", "setenv", "unsetenv"]
@@ -161,7 +161,34 @@ def _check_value(flag: FlagDef, name: str, value: str | None) -> list[str]:
         for v in values:
             if v not in flag.choices:
                 raise ChangeError(f"{name} {v}: not one of {', '.join(flag.choices)}")
+    problem = value_problem(flag, name, value)
+    if problem is not None and problem[0]:
+        raise ChangeError(problem[1])
     return values
+
+
+def checkable_args(change: Change, schema: FlagSchema) -> list[str]:
+    """The added and set flags whose values have a known kind or choice list, as arguments for
+    the engine's own parser (free-text values such as paths are left out)."""
+    args: list[str] = []
+    for e in change.edits:
+        if e.op in ("add", "set") and e.value is not None:
+            flag = schema.lookup(e.name)
+            if flag.kind is not None or flag.choices is not None:
+                args += [e.name, *_check_value(flag, e.name, e.value)]
+    return args
+
+
+def value_notes(change: Change, schema: FlagSchema) -> list[str]:
+    """How the engine reads values it takes only in part (`-t 1.5` runs 1 thread): shown by
+    preflight and kept with the trial, not fatal, as the server starts with them."""
+    notes: list[str] = []
+    for e in change.edits:
+        if e.op in ("add", "set") and e.value is not None:
+            problem = value_problem(schema.lookup(e.name), e.name, e.value)
+            if problem is not None:
+                notes.append(problem[1])
+    return notes
 
 
 def _flag_words(schema: FlagSchema, name: str, values: list[str]) -> tuple[str, ...]:
@@ -183,11 +210,11 @@ def _spelling(schema: FlagSchema, name: str) -> tuple[FlagDef, str]:
 def apply_change(spec: LaunchSpec, change: Change, schema: FlagSchema) -> LaunchSpec:
     """The spec with change applied, every flag checked against schema.
 
-    add appends (a switch already present under any spelling is an error; a value flag may
-    repeat); set rewrites the value where the flag is, keeping how it was written (`-np 4`,
-    `--x=v`), or appends `canonical value`; remove deletes every occurrence under any
-    spelling, negative ones included (an error when there is none). Unknown flags raise
-    UnknownFlagError naming close matches.
+    add appends (a flag already present under any spelling is an error unless the engine
+    accumulates repeats, argparse `append`); set rewrites the value where the flag is,
+    keeping how it was written (`-np 4`, `--x=v`), or appends `canonical value`; remove
+    deletes every occurrence under any spelling, negative ones included (an error when there
+    is none). Unknown flags raise UnknownFlagError naming close matches.
     """
     head = spec.program_words - 1
     items = _items(spec, schema)
@@ -226,9 +253,11 @@ def _apply_flag_edit(items: list[ArgItem], e: Edit, schema: FlagSchema) -> list[
 
     values = _check_value(flag, name, e.value)
     if e.op == "add":
-        if not flag.takes_value and present:
-            used = items[present[0]].name
-            raise ChangeError(f"{e.name} is already on the command line (as {used})")
+        if present and not flag.repeatable:
+            # The engine would take only the last of the two: that is a set, and says so.
+            there = " ".join(_shown(w) for w in items[present[0]].words)
+            hint = f"; use --set {name}=VALUE to change it" if flag.takes_value else ""
+            raise ChangeError(f"{e.name} is already on the command line (as {there}){hint}")
         words = _flag_words(schema, name, values)
         return [*items, ArgItem(flag, words, tuple(literal_word(v) for v in values), name)]
 
@@ -253,6 +282,40 @@ def _apply_flag_edit(items: list[ArgItem], e: Edit, schema: FlagSchema) -> list[
         kept = _flag_words(schema, used, values)
     new = ArgItem(flag, kept, new_values, used, attached=len(kept) == 1 and bool(new_values))
     return [*items[:k], new, *items[k + 1 :]]
+
+
+def check_listen_address(
+    spec: LaunchSpec,
+    candidate: LaunchSpec,
+    schema: FlagSchema,
+    endpoint: str,
+    default_port: int | None,
+) -> None:
+    """Refuse a candidate that listens on another port or address than the spec: flagtrial
+    measures at the project's endpoint, and a server moved off it would only look dead."""
+    port = str(default_port) if default_port is not None else None
+    for canonical, default in (("--port", port), ("--host", None)):
+        try:
+            flag = schema.lookup(canonical)
+        except UnknownFlagError:
+            continue
+        before = _last_value(spec, schema, flag) or default
+        given = _last_value(candidate, schema, flag)
+        if before != (given or default):
+            shown = f"{canonical} {given}" if given is not None else f"removing {canonical}"
+            if given is None and default is not None:
+                shown += f" (the engine's default is {default})"
+            raise ChangeError(
+                f"{shown} would move the server off the endpoint {endpoint} "
+                f"(it listens with {canonical} {before} now); change where it listens and the "
+                "project's endpoint together, outside a trial"
+            )
+
+
+def _last_value(spec: LaunchSpec, schema: FlagSchema, flag: FlagDef) -> str | None:
+    """The value the engine uses for flag (the last occurrence wins), as a literal."""
+    values = [it.value for it in _items(spec, schema) if it.flag is flag]
+    return _shown(values[-1]) if values and values[-1] is not None else None
 
 
 def names_touched(change: Change, schema: FlagSchema) -> set[str]:

@@ -6,9 +6,12 @@ help continued at column 40, `(env: LLAMA_ARG_...)`) and Python argparse's (SGLa
 matter for editing, all checked against the real parsers:
 
 - llama.cpp takes no `--flag=value` (`--parallel=4` is "invalid argument") and always
-  consumes the next word as the value, even `-1` or `--version`; `[on|off|auto]` and
-  `<0|1>` are hints, not optional values or closed choice lists (`-fa 1` and
-  `--cpu-strict 5` are accepted), while `{a,b}` and "allowed values:" are enforced.
+  consumes the next word as the value, even `-1` or `--version`; `[on|off|auto]` is not
+  an optional value but a toggle that also takes `1`, `true`, `enabled`, `-1`...
+  (`-fa 1` is accepted), `<0|1>` is a hint (`--cpu-strict 5` is accepted), while `{a,b}`
+  and "allowed values:" are enforced. An `N` is read with std::stoi or std::stof: which
+  one shows in the default the help prints (`default: 4` or `default: 0.80`); both skip
+  leading blanks and ignore what follows the number (`-t 1.5` runs 1 thread).
 - argparse takes `--flag=value`, unique prefixes of long flags (`--tp` for `--tp-size`),
   `[X]` as an optional value, and `X [X ...]` / `[X ...]` as several values.
 """
@@ -25,12 +28,36 @@ from typing import Literal
 from flagtrial.errors import SpecError, UnknownFlagError
 
 HelpStyle = Literal["llama", "argparse"]
+# How llama.cpp reads a value (see value_problem): std::stoi, std::stof, either of the two
+# (an `N` whose help shows no default), or a toggle word.
+ValueKind = Literal["int", "float", "number", "toggle"]
 
 _NAME = re.compile(r"-{1,2}[A-Za-z0-9][\w.\-]*")
 _NUMBER = re.compile(r"-\d+(\.\d*)?([eE][-+]?\d+)?|-\.\d+")
 _ENV = re.compile(r"\(env: ([A-Za-z_][A-Za-z0-9_]*)\)")
 _ALLOWED = "allowed values:"
 _OPEN = {"<": ">", "[": "]", "{": "}", "(": ")"}
+# common/arg.cpp is_truthy / is_falsey / is_autoy: the words a toggle takes.
+TOGGLE_WORDS = {
+    "on": ("on", "enabled", "true", "1"),
+    "off": ("off", "disabled", "false", "0"),
+    "auto": ("auto", "-1"),
+}
+_INT_METAVARS = {"N", "PORT", "<0|1>", "<0...100>"}
+_DEFAULT = re.compile(r"default: (-?\d+(\.\d+)?)\b")
+# A help text that gives a negative value a meaning: `-1 = auto`, `default: -1`.
+_NEGATIVE = re.compile(r"(?<![\w.])-\d")
+# glibc strtol / strtof, as std::stoi and std::stof call them: leading blanks, a sign, then
+# the longest number; what follows is ignored.
+_STRTOL = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)", re.ASCII)  # ASCII: `੦` is no digit to C
+_STRTOF = re.compile(
+    r"[ \t\n\v\f\r]*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?"
+    r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan(?:\([0-9A-Za-z_]*\))?))",
+    re.I | re.ASCII,
+)
+_INT32 = (-(2**31), 2**31 - 1)
+_FLT_MAX = 3.4028234663852886e38
+_FLT_MIN = 1.1754943508222875e-38
 
 
 @dataclass(frozen=True)
@@ -54,6 +81,12 @@ class FlagDef:
     negative_names: tuple[str, ...] = ()
     nargs: int = 0
     variadic: bool = False
+    # How the engine reads the value (None: free text, not checked); minimum is the least
+    # value an `int` takes (0 where the help gives no negative value a meaning).
+    kind: ValueKind | None = None
+    minimum: int | None = None
+    # The engine accumulates repeats (argparse `append`); elsewhere the last one wins.
+    repeatable: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +187,7 @@ def _make_flag(names: list[str], metavar: str, help_lines: list[str], style: Hel
         choices = _braced_choices(tokens[0])
     if choices is None:
         choices = _allowed_values(help_lines)
+    kind, minimum = _value_kind(metavar, help_text) if style == "llama" else (None, None)
     return FlagDef(
         names=tuple(names),
         canonical=canonical,
@@ -166,7 +200,77 @@ def _make_flag(names: list[str], metavar: str, help_lines: list[str], style: Hel
         negative_names=_negatives(names),
         nargs=len(tokens),
         variadic=variadic,
+        kind=kind,
+        minimum=minimum,
     )
+
+
+def _value_kind(metavar: str, help_text: str) -> tuple[ValueKind | None, int | None]:
+    """How llama-server reads a value, from its metavar and the default its help prints."""
+    if metavar in ("[on|off]", "[on|off|auto]"):
+        return "toggle", None
+    if metavar not in _INT_METAVARS or "DEPRECATED" in help_text or "has been removed" in help_text:
+        return None, None
+    default = _DEFAULT.search(help_text)
+    if metavar == "N" and default is None:
+        return "number", None
+    if metavar == "N" and default is not None and default.group(2):
+        return "float", None
+    return "int", None if _NEGATIVE.search(help_text) else 0
+
+
+def _stoi(text: str) -> tuple[float, int]:
+    """std::stoi: the number and where it stopped reading; ValueError where it throws."""
+    if not (m := _STRTOL.match(text)):
+        raise ValueError("not an integer")
+    n = int(m.group(1))
+    if not _INT32[0] <= n <= _INT32[1]:
+        raise ValueError("out of range for a 32-bit integer")
+    return n, m.end()
+
+
+def _stof(text: str) -> tuple[float, int]:
+    """std::stof, which also throws on strtof's ERANGE (overflow and underflow)."""
+    if not (m := _STRTOF.match(text)):
+        raise ValueError("not a number")
+    word = m.group(1).lower()
+    x = float.fromhex(word) if "x" in word else float(word.partition("(")[0])
+    if abs(x) > _FLT_MAX or 0 < abs(x) < _FLT_MIN:
+        raise ValueError("out of range for a 32-bit float")
+    return x, m.end()
+
+
+def value_problem(flag: FlagDef, name: str, value: str) -> tuple[bool, str] | None:
+    """What llama-server does with `name value` that the user may not expect: (True, why) when
+    it refuses it at start, (False, how it reads it) when it silently takes part of it."""
+    if flag.kind is None or f"'{value}'" in flag.help:  # `either a number, 'auto', or 'all'`
+        return None
+    if flag.kind == "toggle":
+        words = [
+            w for key in (flag.metavar or "").strip("[]").split("|") for w in TOGGLE_WORDS[key]
+        ]
+        if value in words:
+            return None
+        return True, f"{name} {value!r}: not one of {', '.join(words)}"
+    readers = {"int": (_stoi,), "float": (_stof,), "number": (_stoi, _stof)}[flag.kind]
+    read: list[tuple[float, int]] = []
+    errors: list[str] = []
+    for reader in readers:
+        try:
+            read.append(reader(value))
+        except ValueError as e:
+            errors.append(str(e))
+    if not read:
+        return True, f"{name} {value!r}: {errors[-1]}"
+    n, end = read[0]
+    if flag.minimum is not None and n < flag.minimum:
+        return True, (
+            f"{name} {value!r}: below {flag.minimum}, and the help gives no meaning to a "
+            f"negative {flag.canonical}"
+        )
+    if end < len(value) and flag.kind != "number":
+        return False, f"{name} {value!r} is read as {n:g}: the engine ignores {value[end:]!r}"
+    return None
 
 
 def _entries(
