@@ -42,7 +42,7 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 class Served:
-    """A project with a real llama-server (4 slots) under the process target."""
+    """A project with a real llama-server (8 slots) under the process target."""
 
     def __init__(self, root: Path, port: int) -> None:
         self.root = root
@@ -201,3 +201,14 @@ def test_server_killed_during_the_baseline_is_started_again(served: Served) -> N
     assert pid is not None and pid != killed[0]
     trial = Ledger(served.root / ".flagtrial" / "ledger.db").trial(1)
     assert trial.state == "aborted"
+
+
+@pytest.mark.slow
+def test_a_change_that_changes_nothing_is_refused(served: Served) -> None:
+    """`--set` of the value already there would run an A/A trial by accident."""
+    assert served.cli("facts").returncode == 0
+    before, pid = served.unit.read_bytes(), served.target()._live_pid()
+    line = one_line_error(served.cli("trial", "--set", "--parallel=8"), 4)
+    assert "leaves the launch spec as it is" in line
+    assert served.unit.read_bytes() == before and served.target()._live_pid() == pid
+    assert Ledger(served.root / ".flagtrial" / "ledger.db").trials() == []

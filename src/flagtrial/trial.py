@@ -21,7 +21,13 @@ from pydantic import BaseModel
 from flagtrial.engines import DEFAULT_PORTS
 from flagtrial.engines.base import Engine, ValueChecker, wait_ready
 from flagtrial.engines.flag_table import check_candidate
-from flagtrial.errors import FlagtrialError, GateError, RollbackError, ServerNotReadyError
+from flagtrial.errors import (
+    ChangeError,
+    FlagtrialError,
+    GateError,
+    RollbackError,
+    ServerNotReadyError,
+)
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.faults import checkpoint
 from flagtrial.gates import preflight as gating
@@ -181,6 +187,12 @@ class Session:
         flags and parser, and which resolved settings the change names."""
         schema = await self.engine.flag_schema(self.target, spec.program)
         candidate = apply_change(spec, change, schema)
+        if candidate.text == spec.text:
+            # An A/A trial by accident costs restarts and says nothing about the change.
+            raise ChangeError(
+                "the change leaves the launch spec as it is (the values are already set): "
+                "nothing to trial"
+            )
         check_listen_address(
             spec, candidate, schema, self.project.endpoint, DEFAULT_PORTS.get(self.engine.name)
         )
