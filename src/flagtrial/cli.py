@@ -496,7 +496,9 @@ def unlock(
                 ui.console.print("the lock was free")
             elif holder.alive is False:
                 await target.break_lock(holder)
-                ui.console.print(f"broke the lock held by {holder.info}, which was gone")
+                ui.console.print(
+                    f"broke the lock held by {holder.info}, which was gone", markup=False
+                )
             elif not force:
                 raise LockHeldError("left alone: " + held_message(target.name, holder))
             else:
@@ -522,9 +524,11 @@ async def _stop_holder(session: Session, holder: LockHolder) -> None:
         grace = session.project.ready_timeout_s + STOP_GRACE_S
         killed = await stop_holder(holder, grace)
         how = f"killed (still running {grace:g}s after SIGTERM)" if killed else "stopped"
-        ui.console.print(f"{how} {holder.info}")
+        ui.console.print(f"{how} {holder.info}", markup=False)
     else:
-        ui.console.print(f"breaking the lock of {holder.info}, on another machine: stop it there")
+        ui.console.print(
+            f"breaking the lock of {holder.info}, on another machine: stop it there", markup=False
+        )
     if (left := await target.lock_holder()) is not None:
         await target.break_lock(left)
 
@@ -581,7 +585,8 @@ async def _read_facts(
     good = session.ledger.last_known_good(session.target.name)
     known = Facts.model_validate(good.facts) if good and good.facts else None
     live = await session.live_facts()
-    if known is None and live is None:
+    shown = live or known
+    if shown is None:
         raise held or FlagtrialError(why)
     host = await session.target.host_facts()
     if json_out:
@@ -593,8 +598,8 @@ async def _read_facts(
             "read_only": why,
         })  # fmt: skip
         return
-    ui.console.print(f"[yellow]nothing restarted: {why}[/yellow]")
-    ui.console.print(ui.host_line(host, live or known))  # type: ignore[arg-type]
+    ui.console.print(f"nothing restarted: {why}", style="yellow", markup=False)
+    ui.console.print(ui.host_line(host, shown))
     if good and known:
         ui.console.print(ui.facts_table(known, title=f"recorded facts of generation {good.id}"))
     if live:
@@ -621,7 +626,7 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
     ui.console.print(ui.history_table(trials, gens))
     if open_trials := [t for t in trials if t.state not in FINISHED_STATES]:
         for line in run(lambda: _open_trials(proj, open_trials)):
-            ui.console.print(f"[yellow]{line}[/yellow]")
+            ui.console.print(line, style="yellow", markup=False)
 
 
 async def _open_trials(proj: Project, trials: list[TrialRow]) -> list[str]:
