@@ -302,7 +302,7 @@ def test_malformed_unit_is_a_clear_error(project: Project) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_lock_refused_then_broken(project: Project) -> None:
+def test_lock_refused_then_forced(project: Project) -> None:
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -327,8 +327,12 @@ def test_lock_refused_then_broken(project: Project) -> None:
         result = project.cli("trial", "--add", "--cont-batching")
         assert result.returncode == 6
         assert "locked by laptop-1" in result.stderr
-        assert "broke the lock held by laptop-1" in project.cli("unlock").stdout
-        assert holder.wait(timeout=10) == -signal.SIGKILL
+        # a holder that still runs is named and left alone; --force stops it
+        refused = project.cli("unlock")
+        assert refused.returncode == 6 and "left alone" in refused.stderr
+        assert "laptop-1" in refused.stderr and holder.poll() is None
+        assert "stopped laptop-1" in project.cli("unlock", "--force").stdout
+        assert holder.wait(timeout=10) == -signal.SIGTERM
         assert "the lock was free" in project.cli("unlock").stdout
     finally:
         holder.kill()

@@ -140,7 +140,12 @@ def test_ssh_cut_mid_trial_then_next_command_restores(
     host.sh("systemctl start ssh.service")
     history = json.loads(cli(project, "history", "--json").stdout)
     assert [t["state"] for t in history["trials"]] != ["reverted"]
+    # facts reads only: it names the unfinished trial and restarts nothing
     result = cli(project, "facts")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "left unfinished" in result.stdout and "flagtrial recover" in result.stdout
+    assert host.read(UNIT_PATH).decode() == text
+    result = cli(project, "recover")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "left unfinished" in result.stdout
     assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
@@ -164,18 +169,19 @@ def test_wrong_host_key_and_held_lock_are_refused(
     out = asyncio.run(second_trial_while_locked())
     assert "rc=6" in out and "laptop-1" in out
 
-    # A holder that is stuck (alive but gone for us) is broken explicitly.
-    stuck = session(project)
+    # A holder that still runs is named and left alone.
+    live = session(project)
 
-    async def break_while_held() -> str:
+    async def unlock_while_held() -> str:
         try:
-            async with stuck.target.lock("laptop-2"):
+            async with live.target.lock("laptop-2"):
                 result = await asyncio.to_thread(cli, project, "unlock")
-                return result.stdout
+                return result.stderr + f"rc={result.returncode}"
         finally:
-            await stuck.close()
+            await live.close()
 
-    assert "broke the lock held by laptop-2" in asyncio.run(break_while_held())
+    out = asyncio.run(unlock_while_held())
+    assert "rc=6" in out and "left alone" in out and "laptop-2" in out
     assert "the lock was free" in cli(project, "unlock").stdout
 
     wrong = tmp_path / "known_hosts"

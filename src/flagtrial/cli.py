@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import shutil
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,16 +20,18 @@ import typer
 
 from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
-from flagtrial.errors import FlagtrialError, GateError, UsageError
+from flagtrial.errors import FlagtrialError, GateError, LockHeldError, TargetError, UsageError
+from flagtrial.facts import Facts
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.analyze import analyze_change, render_text
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
-from flagtrial.ledger import FINISHED_STATES, Ledger
+from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_project
 from flagtrial.targets import make_target
-from flagtrial.targets.process import ProcessTarget
+from flagtrial.targets.holder import LockHolder, held_message, stop_holder
+from flagtrial.targets.process import STOP_GRACE_S, ProcessTarget
 from flagtrial.trial import Session, Trial
 
 app = typer.Typer(
@@ -520,15 +523,64 @@ def ledger_import(src: Path, project: ProjectOpt = Path(PROJECT_FILE)) -> None:
 
 
 @app.command()
-def unlock(project: ProjectOpt = Path(PROJECT_FILE), accept_new: AcceptNewOpt = False) -> None:
-    """Break the trial lock of a holder that is gone (kills the process holding it)."""
+def unlock(
+    project: ProjectOpt = Path(PROJECT_FILE),
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="stop a holder that still runs (SIGTERM, so its trial rolls back; SIGKILL "
+            "after a grace), then recover its trial",
+        ),
+    ] = False,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Free the target's lock when its holder is gone. A holder that still runs is named and
+    left alone (exit 6) unless --force."""
 
     async def body() -> None:
         async with open_session(project, accept_new_host_key=accept_new) as session:
-            held_by = await session.target.break_lock()
-        ui.console.print(f"broke the lock held by {held_by}" if held_by else "the lock was free")
+            target, ledger = session.target, session.ledger
+            holder = await target.lock_holder()
+            if holder is None:
+                ui.console.print("the lock was free")
+            elif holder.alive is False:
+                await target.break_lock(holder)
+                ui.console.print(
+                    f"broke the lock held by {holder.info}, which was gone", markup=False
+                )
+            elif not force:
+                raise LockHeldError("left alone: " + held_message(target.name, holder))
+            else:
+                running = ledger.unfinished_trials(target.name)
+                await _stop_holder(session, holder)
+                async with target.lock("flagtrial unlock --force"):
+                    await session.recover()
+                for t in running:
+                    ui.console.print(f"trial {t.id} ended {ledger.trial(t.id).state}")
+                return
+            for t in ledger.unfinished_trials(target.name):
+                ui.console.print(f"trial {t.id} is unfinished ({t.state}): run `flagtrial recover`")
 
     run(body)
+
+
+async def _stop_holder(session: Session, holder: LockHolder) -> None:
+    """Stop a live holder (on this machine: signals; elsewhere only its lock can be broken),
+    and free what its lock leaves on the host."""
+    target = session.target
+    if holder.alive and holder.host == socket.gethostname():
+        # long enough for its own rollback: a stop, a start and the wait until ready
+        grace = session.project.ready_timeout_s + STOP_GRACE_S
+        killed = await stop_holder(holder, grace)
+        how = f"killed (still running {grace:g}s after SIGTERM)" if killed else "stopped"
+        ui.console.print(f"{how} {holder.info}", markup=False)
+    else:
+        ui.console.print(
+            f"breaking the lock of {holder.info}, on another machine: stop it there", markup=False
+        )
+    if (left := await target.lock_holder()) is not None:
+        await target.break_lock(left)
 
 
 @app.command()
@@ -537,12 +589,31 @@ def facts(
     json_out: JsonOpt = False,
     accept_new: AcceptNewOpt = False,
 ) -> None:
-    """Read what the running server reports about itself, next to the known-good."""
+    """Read what the running server reports about itself, next to the known-good. Starts it
+    (holding the lock) only for a first baseline or when it is down; while another command
+    holds the lock, or a trial is left unfinished, it restarts nothing."""
 
     async def body() -> None:
-        async with open_session(project, accept_new_host_key=accept_new) as session:
+        async with (
+            open_session(project, accept_new_host_key=accept_new) as session,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            target = session.target
+            held: LockHeldError | None = None
+            try:
+                await stack.enter_async_context(target.lock("flagtrial facts"))
+            except LockHeldError as e:
+                held = e
+            left = [] if held else session.ledger.unfinished_trials(target.name)
+            if held or left:
+                why = str(held) if held else "; ".join(
+                    f"trial {t.id} was left unfinished ({t.state}): run `flagtrial recover`"
+                    for t in left
+                )  # fmt: skip
+                await _read_facts(session, why, held, json_out)
+                return
             good, _, known = await session.known_good()
-            host = await session.target.host_facts()
+            host = await target.host_facts()
             if json_out:
                 emit_json(
                     {"generation": good.id, "facts": known.model_dump(), "host": host.model_dump()}
@@ -554,6 +625,35 @@ def facts(
                 ui.console.print(f"  {key} = {value!r}")
 
     run(body)
+
+
+async def _read_facts(
+    session: Session, why: str, held: LockHeldError | None, json_out: bool
+) -> None:
+    """What `facts` can read without restarting anything: the known-good's recorded facts and
+    the live server's, over HTTP."""
+    good = session.ledger.last_known_good(session.target.name)
+    known = Facts.model_validate(good.facts) if good and good.facts else None
+    live = await session.live_facts()
+    shown = live or known
+    if shown is None:
+        raise held or FlagtrialError(why)
+    host = await session.target.host_facts()
+    if json_out:
+        emit_json({
+            "generation": good.id if good else None,
+            "facts": known.model_dump() if known else None,
+            "live": live.model_dump() if live else None,
+            "host": host.model_dump(),
+            "read_only": why,
+        })  # fmt: skip
+        return
+    ui.console.print(f"nothing restarted: {why}", style="yellow", markup=False)
+    ui.console.print(ui.host_line(host, shown))
+    if good and known:
+        ui.console.print(ui.facts_table(known, title=f"recorded facts of generation {good.id}"))
+    if live:
+        ui.console.print(ui.facts_table(live, title="live facts (read over HTTP)"))
 
 
 @app.command()
@@ -574,11 +674,37 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
     ids = {g.id for g in current.values() if g}
     ui.console.print(ui.generations_table(gens, next(iter(ids), None) if len(ids) == 1 else None))
     ui.console.print(ui.history_table(trials, gens))
+    if open_trials := [t for t in trials if t.state not in FINISHED_STATES]:
+        for line in run(lambda: _open_trials(proj, open_trials)):
+            ui.console.print(line, style="yellow", markup=False)
+
+
+async def _open_trials(proj: Project, trials: list[TrialRow]) -> list[str]:
+    """Whether each trial with an open journal runs (its holder holds the lock) or was left
+    unfinished (its holder is gone): only the target's lock tells."""
+    holder, unknown = None, ""
+    target = make_target(proj)
+    try:
+        holder = await target.lock_holder()
+    except TargetError as e:
+        unknown = f"cannot tell whether it runs: {e}"
+    finally:
+        await target.aclose()
+    lines = []
     for t in trials:
-        if t.state not in FINISHED_STATES:
-            ui.console.print(
-                f"[yellow]trial {t.id} is unfinished ({t.state}): run `flagtrial recover`[/yellow]"
-            )
+        what = f"trial {t.id} ({t.state})"
+        if t.target != target.name:
+            lines.append(f"{what} is on {t.target}: run history with that target's project")
+        elif unknown:
+            lines.append(f"{what} has an open journal; {unknown}")
+        elif holder is None:
+            lines.append(f"{what} is unfinished, its holder is gone: run `flagtrial recover`")
+        elif holder.alive is False:
+            lines.append(f"{what} is unfinished: {held_message(target.name, holder)}")
+        else:
+            where = "" if holder.alive else " (on another machine)"
+            lines.append(f"{what} is running, held by {holder.info}{where}")
+    return lines
 
 
 @app.command()

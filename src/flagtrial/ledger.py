@@ -17,7 +17,8 @@ from flagtrial.errors import LedgerError, UsageError
 
 SCHEMA_VERSION = 2
 
-# A trial in any other state was cut off before it finished: the next command recovers it.
+# A trial in any other state has an open journal: it is running while its holder holds the
+# target's lock, and unfinished (to recover) once that holder is gone.
 FINISHED_STATES = ("kept", "reverted", "aborted", "recovered")
 
 SCHEMA = """
@@ -274,6 +275,8 @@ class Ledger:
         return [self._trial(r) for r in rows]
 
     def unfinished_trials(self, target: str) -> list[TrialRow]:
+        """Trials of `target` whose journal is open: unfinished only for a caller that holds
+        the target's lock or found it free (Target.lock_holder), running otherwise."""
         marks = ",".join("?" * len(FINISHED_STATES))
         rows = self.db.execute(
             f"SELECT * FROM trials WHERE target=? AND state NOT IN ({marks}) ORDER BY id",

@@ -25,6 +25,7 @@ from flagtrial.errors import (
     ChangeError,
     FlagtrialError,
     GateError,
+    LockHeldError,
     RollbackError,
     ServerNotReadyError,
 )
@@ -48,6 +49,7 @@ from flagtrial.load.runner import run_level
 from flagtrial.sequential import Arm, Continue, Sequential, choose_design
 from flagtrial.settings import Project
 from flagtrial.targets.base import Target
+from flagtrial.targets.holder import held_message
 
 Notify = Callable[[str, str], None]
 
@@ -125,7 +127,12 @@ class Session:
     async def recover(self) -> None:
         """Finish what a killed flagtrial left: a trial judged KEEP is promoted (the candidate
         installed, restarted and verified against the facts it was judged on), any other
-        unfinished trial is rolled back to its baseline and verified."""
+        unfinished trial is rolled back to its baseline and verified. A journal is unfinished
+        only when its holder is gone: while another command holds the lock, its trial runs,
+        and this refuses (LockHeldError) rather than restart the server under it."""
+        holder = await self.target.lock_holder()
+        if holder is not None and not holder.ours:
+            raise LockHeldError(held_message(self.target.name, holder))
         for trial in self.ledger.unfinished_trials(self.target.name):
             self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
             facts_after = trial.record.get("facts_after")
@@ -154,9 +161,21 @@ class Session:
                     + "; ".join(restore.mismatches)
                 )
 
+    async def live_facts(self) -> Facts | None:
+        """The running server's facts read over HTTP, restarting nothing (no startup log, so
+        facts only a log gives are missing); None when it does not answer."""
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            if not await _ready(self.engine, client, self.project.endpoint):
+                return None
+            try:
+                return await self.engine.facts(client, self.project.endpoint, "")
+            except (httpx.HTTPError, FlagtrialError, KeyError, ValueError):
+                return None
+
     async def known_good(self) -> tuple[Generation, LaunchSpec, Facts]:
-        """The known-good generation, running and read. The installed spec becomes the baseline
-        when the ledger has none, or when someone changed the spec outside flagtrial."""
+        """The known-good generation, running and read, for a command that holds the lock:
+        unfinished trials are recovered first. The installed spec becomes the baseline when
+        the ledger has none, or when someone changed the spec outside flagtrial."""
         await self.recover()
         spec = await self.target.read_spec()
         installed = self.ledger.record_generation(self.target.name, spec.text, note="installed")

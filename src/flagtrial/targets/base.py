@@ -8,6 +8,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field
 
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.targets.holder import LockHolder
 
 ServerStatus = Literal["running", "starting", "failed", "stopped"]
 
@@ -69,11 +70,21 @@ class Target(Protocol):
         ...
 
     def lock(self, holder: str) -> AbstractAsyncContextManager[None]:
-        """Held for a whole trial; a second holder gets LockHeldError naming the first."""
+        """Held for the whole life of any command that may install, restart or recover (one
+        writer per target); a second holder gets LockHeldError naming the first. The lock is
+        freed when its holder dies, so a held lock means a live holder, except where a remote
+        host has not yet noticed a broken connection (`lock_holder` tells)."""
         ...
 
-    async def break_lock(self) -> str | None:
-        """Break the trial lock of a stuck holder; returns who held it (None: nobody)."""
+    async def lock_holder(self) -> LockHolder | None:
+        """Who holds the lock now, and whether it still runs; None when the lock is free, so
+        any earlier holder is gone and a trial journal it left open is unfinished. Reads only:
+        never takes the lock for longer than a moment."""
+        ...
+
+    async def break_lock(self, holder: LockHolder) -> None:
+        """Free the lock `holder` keeps although it is gone (or has been stopped): kills what
+        keeps it on the host. Never call it for a holder that still runs."""
         ...
 
     async def host_facts(self) -> HostFacts: ...

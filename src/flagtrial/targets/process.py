@@ -11,9 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -23,22 +21,18 @@ from flagtrial.errors import LockHeldError, SpecError, TargetError
 from flagtrial.launch.execwords import expand_env, expand_words
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import HostFacts, ServerState
+from flagtrial.targets.holder import (
+    LockHolder,
+    held_message,
+    holder_lines,
+    parse_holder,
+    proc_start_ticks,
+)
 from flagtrial.targets.hostfacts import collect_host_facts
 from flagtrial.targets.systemd import LocalRunner
 
 STOP_GRACE_S = 10.0
-
-
-def _proc_start_ticks(pid: int) -> int | None:
-    """Start time of a PID in clock ticks since boot; None when it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+LOCK_WAIT_S = 1.0  # how long a lock held by someone else is waited for
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -104,7 +98,7 @@ class ProcessTarget:
 
     def _live_pid(self) -> int | None:
         rec = self._recorded()
-        if rec and _proc_start_ticks(rec["pid"]) == rec["start_ticks"]:
+        if rec and proc_start_ticks(rec["pid"]) == rec["start_ticks"]:
             return rec["pid"]
         return None
 
@@ -169,7 +163,7 @@ class ProcessTarget:
                 )
             except OSError as e:
                 raise TargetError(f"cannot start {executable}: {e.strerror}") from e
-        ticks = _proc_start_ticks(self._child.pid)
+        ticks = proc_start_ticks(self._child.pid)
         self.pid_file.write_text(json.dumps({"pid": self._child.pid, "start_ticks": ticks}))
         return str(mark)
 
@@ -191,41 +185,52 @@ class ProcessTarget:
         except FileNotFoundError:
             return ""
 
+    @property
+    def lock_path(self) -> Path:
+        return self.state_dir / "trial.lock"
+
+    @staticmethod
+    def _holder_of(fd: int) -> LockHolder:
+        info, _, ident = os.pread(fd, 4096, 0).decode(errors="replace").partition("\n")
+        # a flock is the holder's own: the kernel frees it when the holder dies
+        return parse_holder(info, ident, lock_dies_with_holder=True)
+
     @contextlib.asynccontextmanager
     async def lock(self, holder: str) -> AsyncIterator[None]:
-        path = self.state_dir / "trial.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                held_by = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
-                raise LockHeldError(
-                    f"{self.name} is locked by {held_by} (if that holder is gone: flagtrial unlock)"
-                ) from None
-            info = f"{holder} (pid {os.getpid()} on {socket.gethostname()})"
+            # A reader probing the lock holds it for a moment: only a holder that keeps it
+            # past the wait is another command.
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise LockHeldError(held_message(self.name, self._holder_of(fd))) from None
+                    await asyncio.sleep(0.05)
             os.ftruncate(fd, 0)
-            os.pwrite(fd, info.encode(), 0)
+            os.pwrite(fd, "\n".join(holder_lines(holder)).encode() + b"\n", 0)
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock, also when we are killed
 
-    async def break_lock(self) -> str | None:
-        """A local flock dies with its holder, so only a live holder can hold it: kill it."""
-        path = self.state_dir / "trial.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    async def lock_holder(self) -> LockHolder | None:
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return None
-            except BlockingIOError:
-                held_by = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            return self._holder_of(fd)
         finally:
             os.close(fd)
-        if m := re.search(r"\(pid (\d+) on ", held_by):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(m[1]), signal.SIGKILL)
-        return held_by or "an unknown holder"
+
+    async def break_lock(self, holder: LockHolder) -> None:
+        """Nothing to break: a local flock dies with its holder, so none outlives it."""
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         r = await LocalRunner().exec(argv, timeout_s=timeout_s, merge_stderr=True)

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Protocol
 from flagtrial.errors import LockHeldError, SpecError, TargetError
 from flagtrial.launch.spec import LaunchSpec, parse_unit
 from flagtrial.targets.base import HostFacts, ServerState, ServerStatus
+from flagtrial.targets.holder import LockHolder, held_message, holder_lines, parse_holder
 from flagtrial.targets.hostfacts import collect_host_facts
 
 LOCK_DIR = "/run/flagtrial"
@@ -61,19 +60,29 @@ systemctl daemon-reload
 """
 
 # `flock -c` keeps the lock while `cat` waits on stdin: closing our end, or losing the
-# connection or the process that holds it, releases the lock (a dead holder never keeps it).
-# Errors go to stdout, so the line read in place of "locked" says what went wrong.
+# connection or the process that holds it, releases the lock (a dead holder never keeps it,
+# unless the host never learns that the connection is gone). A lock held by someone else is
+# waited for a second: a reader probing it holds it for a moment. Errors go to stdout, so the
+# line read in place of "locked" says what went wrong.
 LOCK_SCRIPT = (
     'exec 2>&1; mkdir -p -- "$(dirname -- "$1")" && '
-    'exec flock -n -E 75 -- "$1" sh -c "$2" sh "$3" "$4"'
+    'exec flock -w 1 -E 75 -- "$1" sh -c "$2" sh "$3" "$4" "$5"'
 )
-# The holder file names the holder and, on its second line, the PID that holds the flock
-# (`exec cat` keeps $$), so a stuck holder can be broken explicitly.
-HOLD_SCRIPT = 'printf "%s\\n%s\\n" "$2" "$$" >"$1"; echo locked; exec cat'
+# The holder file: who holds the lock, the PID that keeps the flock (`exec cat` keeps $$), and
+# the holder's `HOST PID START` (flagtrial.targets.holder), which tells whether it still runs.
+HOLD_SCRIPT = 'printf "%s\\n%s\\n%s\\n" "$2" "$$" "$3" >"$1"; echo locked; exec cat'
+# Exit 3: the lock is free; 0: it is held, and the holder file follows.
+PROBE_SCRIPT = (
+    '[ -e "$1" ] || exit 3; flock -n -s -E 75 -- "$1" true; rc=$?; '
+    '[ "$rc" = 0 ] && exit 3; [ "$rc" = 75 ] || exit "$rc"; cat -- "$2" 2>/dev/null; exit 0'
+)
+# Kills the process keeping the lock, only while the holder file still names the holder that
+# was found gone ($3): never a holder that took the lock since. Exit 3: the lock was free.
 BREAK_SCRIPT = (
-    'flock -n -- "$1" true && exit 3; '
-    'pid=$(sed -n 2p -- "$2"); [ -n "$pid" ] && kill -KILL "$pid" && head -n 1 -- "$2"'
+    'flock -n -E 75 -- "$1" true; [ "$?" = 75 ] || exit 3; '
+    '[ "$(sed -n 3p -- "$2")" = "$3" ] || exit 4; kill -KILL "$(sed -n 2p -- "$2")"'
 )
+BREAK_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,14 @@ class LocalRunner:
         return None
 
 
+def _holder(holder_file: bytes) -> LockHolder:
+    """The holder named by a holder file: its first and third lines (the second is the PID on
+    the host that keeps the lock, which outlives a holder whose connection the host did not
+    see break)."""
+    lines = [*holder_file.decode(errors="replace").splitlines(), "", "", ""]
+    return parse_holder(lines[0], lines[2], lock_dies_with_holder=False)
+
+
 def _status(props: dict[str, str]) -> ServerStatus:
     active = props.get("ActiveState", "")
     if active in ("active", "reloading"):
@@ -238,7 +255,7 @@ class SystemdTarget:
         self._name_prefix = "systemd:"
         self._mark: str | None = None
         self._held: Held | None = None
-        self._holder_info = ""
+        self._holder_lines = ("", "")
 
     @property
     def local(self) -> bool:
@@ -413,9 +430,9 @@ class SystemdTarget:
         )
         return out.decode(errors="replace")
 
-    async def _take_lock(self, info: str) -> Held:
+    async def _take_lock(self, lines: tuple[str, str]) -> Held:
         held = await self._runner.hold(
-            ["sh", "-c", LOCK_SCRIPT, "sh", self.lock_path, HOLD_SCRIPT, self.holder_path, info]
+            ["sh", "-c", LOCK_SCRIPT, "sh", self.lock_path, HOLD_SCRIPT, self.holder_path, *lines]
         )
         try:
             line = await asyncio.wait_for(held.readline(), 30.0)
@@ -429,10 +446,7 @@ class SystemdTarget:
         rc = await held.wait()
         if rc == LOCK_BUSY:
             r = await self._runner.exec(["cat", "--", self.holder_path])
-            by = first_line(r.stdout, "an unknown holder")
-            raise LockHeldError(
-                f"{self.name} is locked by {by} (if that holder is gone: flagtrial unlock)"
-            )
+            raise LockHeldError(held_message(self.name, _holder(r.stdout)))
         raise TargetError(
             f"cannot take the lock {self.lock_path} on {self._runner.where}: {line or f'exit {rc}'}"
         )
@@ -441,13 +455,13 @@ class SystemdTarget:
         """After a dropped connection the host released our lock: take it again, or fail."""
         if self._held is not None and not self._held.alive():
             self._held = None
-            self._held = await self._take_lock(self._holder_info)
+            self._held = await self._take_lock(self._holder_lines)
 
     @contextlib.asynccontextmanager
     async def lock(self, holder: str) -> AsyncIterator[None]:
-        info = f"{holder} (pid {os.getpid()} on {socket.gethostname()})"
-        self._held = await self._take_lock(info)
-        self._holder_info = info
+        lines = holder_lines(holder)
+        self._held = await self._take_lock(lines)
+        self._holder_lines = lines
         try:
             yield
         finally:
@@ -456,14 +470,31 @@ class SystemdTarget:
                 with contextlib.suppress(Exception):
                     await held.release()
 
-    async def break_lock(self) -> str | None:
-        """Kill the process holding the trial lock; returns who held it, None when nobody did."""
-        r = await self._exec(["sh", "-c", BREAK_SCRIPT, "sh", self.lock_path, self.holder_path])
+    async def lock_holder(self) -> LockHolder | None:
+        r = await self._exec(["sh", "-c", PROBE_SCRIPT, "sh", self.lock_path, self.holder_path])
         if r.returncode == 3:
             return None
         if r.returncode != 0:
+            why = first_line(r.stderr or r.stdout, f"exit {r.returncode}")
+            where = self._runner.where
+            raise TargetError(f"cannot read the lock {self.lock_path} on {where}: {why}")
+        return _holder(r.stdout)
+
+    async def break_lock(self, holder: LockHolder) -> None:
+        """Kill the process on the host that keeps the lock of `holder`, gone or stopped (the
+        host may not have noticed its connection break), and wait until the lock is free."""
+        r = await self._exec(
+            ["sh", "-c", BREAK_SCRIPT, "sh", self.lock_path, self.holder_path, holder.ident]
+        )
+        if r.returncode == 4:
+            raise LockHeldError(f"{self.name}: another holder took the lock meanwhile")
+        if r.returncode not in (0, 3):
             raise TargetError(f"cannot break the lock {self.lock_path} on {self._runner.where}")
-        return first_line(r.stdout, "an unknown holder")
+        deadline = time.monotonic() + BREAK_WAIT_S
+        while await self.lock_holder() is not None:
+            if time.monotonic() > deadline:
+                raise TargetError(f"the lock {self.lock_path} on {self._runner.where} stays held")
+            await asyncio.sleep(POLL_S)
 
     async def run(self, argv: list[str], timeout_s: float = 30.0) -> tuple[int, str]:
         r = await self._exec(argv, timeout_s=timeout_s, merge_stderr=True)
