@@ -41,6 +41,11 @@ def decode_spec(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+def printable(text: str) -> str:
+    """Spec text for a terminal, whatever its encoding: a non-UTF-8 byte shown as \\xNN."""
+    return encode_spec(text).decode("utf-8", "backslashreplace")
+
+
 def spec_sha256(text: str) -> str:
     """The one hash of spec text: of its exact bytes."""
     return hashlib.sha256(encode_spec(text)).hexdigest()
@@ -119,7 +124,9 @@ def _logical_lines(lines: list[_Line]) -> Iterable[tuple[list[int], str, list[tu
     """Join continuations like systemd: (line indices, joined text, position of each char)."""
     pending: list[int] = []
     for idx, line in enumerate(lines):
-        if _is_comment(line.content):
+        # A BOM'd first line that is a comment is ignored by systemd too (as an assignment
+        # outside any section).
+        if _is_comment(line.content.removeprefix("\ufeff") if idx == 0 else line.content):
             continue
         pending.append(idx)
         if not _continued(line.content):
