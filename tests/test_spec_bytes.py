@@ -79,6 +79,7 @@ def test_export_and_import_keep_every_byte(tmp_path: Path) -> None:
     again.import_(json.loads(exported.read_text()))
     assert encode_spec(again.generation(gen.id).spec_text) == data
     assert again.generation(gen.id).spec_sha256 == gen.spec_sha256
+    assert again.export() == json.loads(exported.read_text())
 
 
 # What schema 2 held: a spec as TEXT (it could only store valid UTF-8).
