@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flagtrial.errors import LedgerError, ProjectError
-from flagtrial.ledger import Ledger
+from flagtrial.ledger import SCHEMA_VERSION, Ledger
 from flagtrial.settings import load_project
 
 
@@ -57,9 +57,14 @@ def test_schema_1_ledger_is_migrated_with_its_runs(tmp_path: Path) -> None:
     ledger = Ledger(path)
     gen = ledger.record_generation("t", "ExecStart=/bin/x\n")
     trial = ledger.start_trial("t", {"edits": []}, gen.id)
-    # what schema 1 was: runs without their block and foreign load
+    # what schema 1 was: runs without their block and foreign load, a spec held as TEXT
     for column in ("block", "disturbed", "foreign_json"):
         ledger.db.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    ledger.db.executescript(
+        "ALTER TABLE generations ADD COLUMN spec_text TEXT NOT NULL DEFAULT '';"
+        "UPDATE generations SET spec_text = CAST(spec AS TEXT);"
+        "ALTER TABLE generations DROP COLUMN spec;"
+    )
     ledger.db.execute(
         "INSERT INTO runs (trial_id, arm, concurrency, run_index, summary_json, at) "
         "VALUES (?, 'baseline', 8, 0, '{\"output_tok_s\": 100.0}', 0)",
@@ -68,7 +73,8 @@ def test_schema_1_ledger_is_migrated_with_its_runs(tmp_path: Path) -> None:
     ledger.db.execute("PRAGMA user_version=1")
     ledger.close()
     migrated = Ledger(path)
-    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert migrated.generation(gen.id) == gen
     [run] = migrated.runs(trial)
     assert (run["block"], run["disturbed"], run["foreign"]) == (0, None, None)
     assert run["summary"] == {"output_tok_s": 100.0}

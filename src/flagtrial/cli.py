@@ -27,6 +27,7 @@ from flagtrial.gates.analyze import analyze_change, render_text
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
+from flagtrial.launch.spec import printable
 from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_project
 from flagtrial.targets import make_target
@@ -390,7 +391,7 @@ def preflight(
                 "known-good",
                 "candidate",
             )
-            ui.console.print("".join(diff), markup=False)
+            ui.console.print(printable("".join(diff)), markup=False)
             if gating.failing(findings):
                 raise GateError("preflight failed: a change fails at startup on this GPU")
             ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import time
@@ -14,8 +13,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from flagtrial.errors import LedgerError, UsageError
+from flagtrial.launch.spec import decode_spec, encode_spec, spec_sha256
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # A trial in any other state has an open journal: it is running while its holder holds the
 # target's lock, and unfinished (to recover) once that holder is gone.
@@ -25,7 +25,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS generations (
   id INTEGER PRIMARY KEY,
   target TEXT NOT NULL,
-  spec_text TEXT NOT NULL,
+  spec BLOB NOT NULL,
   spec_sha256 TEXT NOT NULL,
   created_at REAL NOT NULL,
   known_good INTEGER NOT NULL DEFAULT 0,
@@ -72,10 +72,14 @@ ALTER TABLE runs ADD COLUMN block INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN disturbed TEXT;
 ALTER TABLE runs ADD COLUMN foreign_json TEXT;
 """
-
-
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+# Schema 2 -> 3: a generation holds its spec's exact bytes (TEXT cannot hold a non-UTF-8
+# byte). Schema 2 could only store valid UTF-8, so its text cast to bytes is exact and its
+# hashes stay right.
+MIGRATE_2_TO_3 = """
+ALTER TABLE generations ADD COLUMN spec BLOB NOT NULL DEFAULT x'';
+UPDATE generations SET spec = CAST(spec_text AS BLOB);
+ALTER TABLE generations DROP COLUMN spec_text;
+"""
 
 
 class Generation(BaseModel):
@@ -132,8 +136,11 @@ class Ledger:
         # executescript commits on its own, so each migration is one script.
         if version < 1:
             self.db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-        elif version == 1:
+            return
+        if version == 1:
             self.db.executescript(f"BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version=2; COMMIT;")
+        if version <= 2:
+            self.db.executescript(f"BEGIN; {MIGRATE_2_TO_3} PRAGMA user_version=3; COMMIT;")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -154,8 +161,9 @@ class Ledger:
     # generations
 
     def record_generation(self, target: str, spec_text: str, note: str = "") -> Generation:
-        """The generation holding exactly this text for this target, created when new."""
-        digest = sha256(spec_text)
+        """The generation holding exactly this text (its bytes) for this target, created when
+        new."""
+        digest = spec_sha256(spec_text)
         row = self.db.execute(
             "SELECT * FROM generations WHERE target=? AND spec_sha256=? ORDER BY id DESC LIMIT 1",
             (target, digest),
@@ -163,9 +171,9 @@ class Ledger:
         if row is None:
             with self.tx() as db:
                 cur = db.execute(
-                    "INSERT INTO generations (target, spec_text, spec_sha256, created_at, note) "
+                    "INSERT INTO generations (target, spec, spec_sha256, created_at, note) "
                     "VALUES (?,?,?,?,?)",
-                    (target, spec_text, digest, time.time(), note),
+                    (target, encode_spec(spec_text), digest, time.time(), note),
                 )
             return self.generation(int(cur.lastrowid or 0))
         return self._generation(row)
@@ -203,7 +211,7 @@ class Ledger:
         return Generation(
             id=row["id"],
             target=row["target"],
-            spec_text=row["spec_text"],
+            spec_text=decode_spec(row["spec"]),
             spec_sha256=row["spec_sha256"],
             created_at=row["created_at"],
             known_good=bool(row["known_good"]),
@@ -330,19 +338,25 @@ class Ledger:
     TABLES = ("generations", "trials", "events", "runs")
 
     def export(self) -> dict[str, Any]:
-        """Every row of every table, as JSON-ready dicts, with the schema version."""
+        """Every row of every table, as JSON-ready dicts, with the schema version. A spec is
+        exported as `spec_text` (non-UTF-8 bytes as surrogate escapes, which JSON writes as
+        \\udcXX), the same shape every schema's export has."""
         return {
             "schema_version": SCHEMA_VERSION,
             **{
-                table: [dict(r) for r in self.db.execute(f"SELECT * FROM {table} ORDER BY id")]
+                table: [
+                    _exported(dict(r))
+                    for r in self.db.execute(f"SELECT * FROM {table} ORDER BY id")
+                ]
                 for table in self.TABLES
             },
         }
 
     def import_(self, data: dict[str, Any]) -> int:
         """Load an export into this (empty) ledger in one transaction; returns rows written."""
-        # Schema 2 only added run columns with defaults: a schema-1 export loads as it is.
-        if data.get("schema_version") not in (1, SCHEMA_VERSION):
+        # Schema 2 only added run columns with defaults, and every schema exports a spec as
+        # spec_text: an export of any schema loads as it is.
+        if data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
             raise LedgerError(
                 f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
             )
@@ -351,7 +365,8 @@ class Ledger:
         written = 0
         with self.tx() as db:
             for table in self.TABLES:
-                for row in data.get(table, []):
+                for exported in data.get(table, []):
+                    row = _imported(exported)
                     cols = ", ".join(row)
                     marks = ", ".join("?" * len(row))
                     db.execute(
@@ -359,3 +374,19 @@ class Ledger:
                     )
                     written += 1
         return written
+
+
+def _exported(row: dict[str, Any]) -> dict[str, Any]:
+    """A row as JSON holds it: a generation's spec bytes as text."""
+    if "spec" in row:
+        row["spec_text"] = decode_spec(row.pop("spec"))
+    return row
+
+
+def _imported(row: dict[str, Any]) -> dict[str, Any]:
+    """An exported row as the ledger holds it: a generation's spec text as its bytes."""
+    if "spec_text" not in row:
+        return row
+    row = dict(row)
+    row["spec"] = encode_spec(row.pop("spec_text"))
+    return row

@@ -43,7 +43,7 @@ from flagtrial.launch.change import (
     names_touched,
     value_notes,
 )
-from flagtrial.launch.spec import LaunchSpec
+from flagtrial.launch.spec import LaunchSpec, byte_difference
 from flagtrial.ledger import Generation, Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.sequential import Arm, Continue, Sequential, choose_design
@@ -224,17 +224,21 @@ class Session:
         return Preflight(candidate=candidate, notes=notes, named_settings=named)
 
     async def restore(self, gen: Generation, expected: Facts | None = None) -> Restore:
-        """Install a generation, restart, and verify the server reports its known facts again
-        (`expected`, by default the generation's own)."""
+        """Install a generation, restart, and verify the spec reads back as the generation's
+        exact bytes and the server reports its known facts again (`expected`, by default the
+        generation's own)."""
         installed = await self.target.read_spec()
         spec = LaunchSpec(kind=installed.kind, text=gen.spec_text, dropin=installed.dropin)
         await self.target.install_spec(spec)
+        # Facts cannot see a changed line ending or comment byte: the bytes are compared too.
+        differs = byte_difference(gen.spec_text, (await self.target.read_spec()).text)
         checkpoint("restore-installed")
         facts = await self.restart_and_read()
         if expected is None and gen.facts:
             expected = Facts.model_validate(gen.facts)
         tolerance = self.engine.capacity_tolerance_pct
         mismatches = verify_facts(expected, facts, tolerance) if expected else []
+        mismatches = [differs, *mismatches] if differs else mismatches
         return Restore(
             generation=gen.id,
             facts=facts,

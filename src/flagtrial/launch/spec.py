@@ -30,6 +30,41 @@ from flagtrial.launch.execwords import (
 
 SpecKind = Literal["unit", "command"]
 
+
+# A spec's text holds the file's exact bytes: UTF-8, any undecodable byte kept as a surrogate
+# escape, no newline translation. Every read, write, hash and ledger copy goes through these.
+def encode_spec(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def decode_spec(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def printable(text: str) -> str:
+    """Spec text for a terminal, whatever its encoding: a non-UTF-8 byte shown as \\xNN."""
+    return encode_spec(text).decode("utf-8", "backslashreplace")
+
+
+def spec_sha256(text: str) -> str:
+    """The one hash of spec text: of its exact bytes."""
+    return hashlib.sha256(encode_spec(text)).hexdigest()
+
+
+def byte_difference(expected: str, actual: str) -> str | None:
+    """Where two spec texts first differ as bytes, for a message; None when identical."""
+    a, b = encode_spec(expected), encode_spec(actual)
+    if a == b:
+        return None
+    at = next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+    return (
+        f"the spec's bytes differ at byte {at} of {len(a)}: "
+        f"expected {a[at : at + 12]!r}, found {b[at : at + 12]!r}"
+    )
+
+
 _EOL = re.compile(r"\r\n|\r|\n")
 
 
@@ -89,7 +124,9 @@ def _logical_lines(lines: list[_Line]) -> Iterable[tuple[list[int], str, list[tu
     """Join continuations like systemd: (line indices, joined text, position of each char)."""
     pending: list[int] = []
     for idx, line in enumerate(lines):
-        if _is_comment(line.content):
+        # A BOM'd first line that is a comment is ignored by systemd too (as an assignment
+        # outside any section).
+        if _is_comment(line.content.removeprefix("\ufeff") if idx == 0 else line.content):
             continue
         pending.append(idx)
         if not _continued(line.content):
@@ -495,9 +532,11 @@ def _assemble(
         contents = replaced.get(li, [line.content])
         extra = appended.get(li, [])
         rows = contents + extra
+        # Rows rendered for this line keep its own ending (an unterminated last line takes
+        # the file's for all rows but its last).
         for k, content in enumerate(rows):
             last = k + 1 == len(rows)
-            out.append(content + (line.eol if last else eol))
+            out.append(content + (line.eol if last else line.eol or eol))
         if not rows and line.eol == "" and out:
             # The dropped line was the file's unterminated last line: keep the file's ending.
             out[-1] = out[-1].rstrip("\r\n")
@@ -600,7 +639,7 @@ class LaunchSpec(BaseModel):
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode("utf-8", "surrogateescape")).hexdigest()
+        return spec_sha256(self.text)
 
     def _derive(self, text: str) -> LaunchSpec:
         return LaunchSpec(kind=self.kind, text=text, dropin=self.dropin)

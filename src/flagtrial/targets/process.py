@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
 from flagtrial.launch.execwords import expand_env, expand_words
-from flagtrial.launch.spec import LaunchSpec
+from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec
 from flagtrial.targets.base import HostFacts, ServerState
 from flagtrial.targets.holder import (
     LockHolder,
@@ -38,8 +38,8 @@ LOCK_WAIT_S = 1.0  # how long a lock held by someone else is waited for
 def atomic_write(path: Path, text: str) -> None:
     """Write alongside, fsync, rename, fsync the folder: the old text or the new, never partial."""
     tmp = path.with_name(f".{path.name}.flagtrial-tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:  # bytes: no newline or encoding translation
+        f.write(encode_spec(text))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -78,9 +78,11 @@ class ProcessTarget:
 
     async def read_spec(self) -> LaunchSpec:
         try:
-            text = self.spec_path.read_text()
+            text = decode_spec(self.spec_path.read_bytes())  # exact bytes, CRLF kept
         except FileNotFoundError as e:
             raise SpecError(f"launch spec {self.spec_path} does not exist") from e
+        except OSError as e:
+            raise TargetError(f"cannot read {self.spec_path}: {e.strerror}") from e
         kind = "unit" if self.spec_path.suffix in (".service", ".conf") else "command"
         return LaunchSpec(kind=kind, text=text)
 

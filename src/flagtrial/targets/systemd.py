@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
-from flagtrial.launch.spec import LaunchSpec, parse_unit
+from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_unit
 from flagtrial.targets.base import HostFacts, ServerState, ServerStatus
 from flagtrial.targets.holder import LockHolder, held_message, holder_lines, parse_holder
 from flagtrial.targets.hostfacts import collect_host_facts
@@ -334,16 +334,15 @@ class SystemdTarget:
             if "No such file" in why:
                 raise SpecError(f"launch spec {path} does not exist on {self._runner.where}")
             raise TargetError(f"cannot read {path} on {self._runner.where}: {why}")
-        # surrogateescape: any bytes round-trip, so an install writes back exactly what was read.
-        text = r.stdout.decode("utf-8", "surrogateescape")
-        return parse_unit(text, dropin=self._is_dropin(path))
+        # Any bytes round-trip, so an install writes back exactly what was read.
+        return parse_unit(decode_spec(r.stdout), dropin=self._is_dropin(path))
 
     async def install_spec(self, spec: LaunchSpec) -> None:
         path = await self._resolve_spec_path()
         await self._check(
             ["sh", "-c", INSTALL_SCRIPT, "sh", path],
             f"installing {path}",
-            input=spec.text.encode("utf-8", "surrogateescape"),
+            input=encode_spec(spec.text),
             timeout_s=60.0,
         )
 
