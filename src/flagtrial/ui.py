@@ -12,6 +12,7 @@ from rich.table import Table
 from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
+from flagtrial.redact import Redactor
 from flagtrial.targets.base import HostFacts
 from flagtrial.trial import Restore, TrialOutcome
 
@@ -21,10 +22,14 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
 
+# Everything this command prints passes through it; the command's ledger shares it, so the
+# secret values of every spec the ledger holds are known here too.
+secrets = Redactor()
+
 
 def notify(state: str, detail: str) -> None:
     stamp = time.strftime("%H:%M:%S")
-    console.print(f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {detail}")
+    console.print(f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {secrets.text(detail)}")
 
 
 def host_line(host: HostFacts, facts: Facts) -> str:
@@ -96,8 +101,8 @@ def restore_line(restore: Restore) -> str:
             f"{CAPACITY_LABELS.get(k, k)} {v:g}" for k, v in restore.facts.capacity.items()
         )
         return f"[green]restored generation {restore.generation}, verified[/green]: {caps}"
-    return f"[red]restored generation {restore.generation}, NOT verified[/red]: " + "; ".join(
-        restore.mismatches
+    return f"[red]restored generation {restore.generation}, NOT verified[/red]: " + secrets.text(
+        "; ".join(restore.mismatches)
     )
 
 
@@ -107,10 +112,10 @@ def show_outcome(outcome: TrialOutcome) -> None:
         console.print(facts_table(outcome.facts_before, outcome.facts_after))
     if outcome.diff is not None:
         for line in diff_lines(outcome.diff):
-            console.print(f"  {line}")
+            console.print(f"  {secrets.text(line)}")
     if v.effects:
         console.print(effects_table(v.effects))
-    body = "\n".join(f"- {r}" for r in v.reasons)
+    body = "\n".join(f"- {secrets.text(r)}" for r in v.reasons)
     action = (
         f"generation {outcome.candidate_gen} kept as known-good"
         if outcome.outcome == "kept"
