@@ -50,6 +50,8 @@ def project(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterat
         "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
         # REVERT on the capacity loss before any candidate load; keep what is unresolved
         '[policy]\nruns = 2\nmax_runs = 2\ncapacity_guard = "revert"\non_inconclusive = "keep"\n'
+        # not about hygiene: a busy machine must not change the steps
+        "set_aside_disturbed = false\n"
     )
     yield proj
     proj.stop()

@@ -148,6 +148,8 @@ endpoint = "{endpoint}"
 ready_timeout_s = 120
 # The ledger of generations and trials.
 ledger = ".flagtrial/ledger.db"
+# Values redacted from every output besides those whose names look secret (TOKEN, KEY, ...).
+# secret_names = ["MY_VAR", "--my-flag"]
 # systemd targets: edit a drop-in instead of the unit itself
 # spec_path = "/etc/systemd/system/{unit}.d/flags.conf"
 
