@@ -42,7 +42,10 @@ SECRETS = (
         ("PGPASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("apiKey", True),
         ("arg.api_key", True), ("GOOGLE_APPLICATION_CREDENTIALS", True), ("DB_PASSWD", True),
         ("SESSION_COOKIE", True), ("AUTH", True), ("my_setting", True),
+        ("SECRET_KEY_BASE", True), ("MYSQL_PWD", True), ("HFTOKEN", True),
         ("--max-num-batched-tokens", False), ("--tokenizer", False), ("kv_tokens", False),
+        ("--long-prefill-token-threshold", False), ("token_capacity", False),
+        ("--api-key-file", False),
         ("OMP_NUM_THREADS", False), ("--parallel", False), ("--kv-cache-dtype", False),
     ],
 )  # fmt: skip

@@ -138,6 +138,11 @@ def test_secrets_reach_no_output_and_the_ledger_is_owner_only(project: Project) 
 
     refused = import_into(exported)
     assert refused.returncode == 8 and "--include-secrets" in refused.stderr
+    # every other file flagtrial wrote (the server's log among them) holds none either
+    written = {p for p in project.root.rglob("*") if p.is_file()}
+    for path in written - {project.unit, *db.parent.glob("ledger.db*")}:
+        assert_no_secret(str(path), path.read_text(errors="replace"))
+
     full = project.root / "full.json"
     assert cli("ledger", "export", str(full), "--include-secrets").returncode == 0
     assert stat.S_IMODE(full.stat().st_mode) == 0o600

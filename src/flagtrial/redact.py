@@ -2,9 +2,10 @@
 person or another tool reads (terminal, JSON, history, show, report, export, diffs).
 
 A name is secret when one of its words (split at `_`, `-`, `.`, spaces and case changes) is
-a secret word (TOKEN, KEY, SECRET, PASSWORD, ...), or ends in one glued to others
-(`PGPASSWORD`, `APIKEY`), or the project file lists it. `TOKENS` is not secret: the
-`--max-num-batched-tokens` of a tuning change must stay readable.
+or ends in a secret word (SECRET, PASSWORD, CREDENTIAL, AUTH, ... as in `PGPASSWORD`), when
+its last word is or ends in TOKEN or KEY (also PASS, PWD), or when the project file lists it.
+Tuning flags must stay readable: `--max-num-batched-tokens`, `--long-prefill-token-threshold`
+and `token_capacity` are not secret.
 
 Launch specs are redacted by structure (Environment= assignments, a secret flag's value in
 the command, SetCredential=), line for line, so that a diff of two redacted specs has the
@@ -29,14 +30,14 @@ from flagtrial.launch.spec import _Directive, _Line, _parse_directives, _split_l
 
 MARK = "<redacted>"
 
-SECRET_WORDS = frozenset(
-    {
-        "TOKEN", "KEY", "APIKEY", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "PWD",
-        "CREDENTIAL", "CREDENTIALS", "AUTH", "AUTHORIZATION", "BEARER", "COOKIE", "PRIVATE",
-    }
+# Secret wherever they stand in a name, alone or glued to the end of a word (PGPASSWORD).
+SECRET_WORDS = (
+    "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "AUTH",
+    "AUTHORIZATION", "BEARER", "COOKIE", "PRIVATE", "APIKEY",
 )  # fmt: skip
-# Words that also count glued to the end of another (PGPASSWORD, HFTOKEN, ACCESSKEY).
-_GLUED = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "COOKIE")
+# Secret only as a name's last word (HF_TOKEN, OPENAI_API_KEY, MYSQL_PWD, HFTOKEN): elsewhere
+# they count things (--long-prefill-token-threshold, token_capacity).
+LAST_WORDS = ("TOKEN", "KEY", "PASS", "PWD")
 _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 # Values shorter than this are not scrubbed from free text (they would match everywhere);
 # the structural and pattern rules still redact them.
@@ -58,11 +59,10 @@ def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
     bare = name.lstrip("-")
     if bare.upper() in {e.lstrip("-").upper() for e in extra}:
         return True
-    for word in _WORDS.findall(bare):
-        up = word.upper()
-        if up in SECRET_WORDS or up.endswith(_GLUED):
-            return True
-    return False
+    words = [w.upper() for w in _WORDS.findall(bare)]
+    if any(w.endswith(SECRET_WORDS) for w in words):
+        return True
+    return bool(words) and (words[-1] in LAST_WORDS or words[-1].endswith(("TOKEN", "KEY")))
 
 
 def _quoted(value: str) -> str:
