@@ -152,3 +152,17 @@ def test_ledger_keeps_specs_for_restore_and_redacts_everything_else(tmp_path: Pa
         copy.import_(ledger.export())
     assert copy.import_(ledger.export(include_secrets=True)) > 0
     assert copy.generation(good.id).spec_text == UNIT
+
+
+def test_a_directive_systemd_would_refuse_still_hides_its_secrets() -> None:
+    unit = (
+        "[Service]\n"
+        'Environment="HF_TOKEN=bad \\q escape"\n'
+        "ExecStartPre=/bin/true ; /bin/prepare --auth-token pre_secret\n"
+        "Environment=OPENAI_API_KEY=still_structural\n"
+        "ExecStart=/opt/llama-server -m /m.gguf\n"
+    )
+    shown = Redactor().spec(unit)
+    for value in ("bad", "escape", "pre_secret", "still_structural"):
+        assert value not in shown
+    assert len(shown.splitlines()) == 5

@@ -91,11 +91,7 @@ class Redactor:
 
     def learn_spec(self, text: str) -> None:
         """Remember the secret values a launch spec holds (Environment=, flags, credentials)."""
-        try:
-            found = self._secret_spans(_split_lines(text))
-        except SpecError:
-            return
-        self.learn(*(value for _, value, _ in found))
+        self.learn(*(value for _, value, _ in self._secret_spans(_split_lines(text))))
 
     def learn_change(self, edits: Iterable[Any]) -> None:
         """Remember the values of a change's edits that name a secret (Edit models or dicts)."""
@@ -134,10 +130,7 @@ class Redactor:
 
     def _spec_lines(self, text: str) -> list[str]:
         lines = _split_lines(text)
-        try:
-            located = self._locate(lines)
-        except SpecError:
-            located = {}
+        located = self._locate(lines)
         out: list[str] = []
         for li, line in enumerate(lines):
             content = line.content
@@ -190,20 +183,23 @@ class Redactor:
 
     # finding secrets in a spec
 
-    def _secret_spans(
-        self, lines: list[_Line]
-    ) -> list[tuple[list[tuple[int, int, int]], str, str]]:
+    def _secret_spans(self, lines: list[_Line]) -> list[_Found]:
         """Each secret value in a spec: where its source lies, (line, start col, end col) per
         physical line, the value, and what to show in its place."""
         try:
             directives = _parse_directives(lines, unit=True)
         except SpecError:
             directives = _parse_directives(lines, unit=False)  # a command file
-        return [
-            (_columns(lines, d, start, end), value, shown)
-            for d in directives
-            for start, end, value, shown in self._in_directive(d)
-        ]
+        found: list[_Found] = []
+        for d in directives:
+            try:
+                secrets = self._in_directive(d)
+            except SpecError:
+                # Words systemd would refuse: hide a whole Environment= value; a command
+                # (`;` in ExecStartPre=) is left to the free-text rules.
+                secrets = [(0, len(d.value), d.value, MARK)] if d.key == "Environment" else []
+            found += [(_columns(lines, d, s, e), value, shown) for s, e, value, shown in secrets]
+        return found
 
     def _locate(self, lines: list[_Line]) -> dict[int, list[tuple[int, int, str]]]:
         """Replacements per line: (start col, end col, new text)."""
