@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import importlib.metadata
 import json
 import shutil
@@ -101,7 +100,7 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
     try:
         return asyncio.run(guarded())
     except FlagtrialError as e:
-        ui.err_console.print(f"[red]error:[/red] {e}")
+        ui.err_console.print(f"[red]error:[/red] {ui.secrets.text(str(e))}")
         raise typer.Exit(e.exit_code) from None
     except (KeyboardInterrupt, asyncio.CancelledError):
         ui.err_console.print(
@@ -118,13 +117,17 @@ async def open_session(
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
-    session = Session(
-        project, target, make_engine(project.engine), Ledger(project.ledger_path), notify
-    )
+    session = Session(project, target, make_engine(project.engine), open_ledger(project), notify)
     try:
         yield session
     finally:
         await session.close()
+
+
+def open_ledger(project: Project) -> Ledger:
+    """The project's ledger, sharing ui's redactor: what it knows to be secret is never printed."""
+    ui.secrets.add_names(project.secret_names)
+    return Ledger(project.ledger_path, ui.secrets)
 
 
 def make_change(
@@ -143,21 +146,25 @@ def make_change(
     )
     if not change.edits:
         raise typer.BadParameter("give at least one of --add, --set, --remove, --env, --unset-env")
+    ui.secrets.learn_change(change.edits)
     return change
 
 
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(ui.secrets.data(data), indent=2, default=str) + "\n")
 
 
-def write_output(out: Path, text: str, *, overwrite: bool = True) -> None:
-    """Write a file a command produces; a path that exists (unless `overwrite`) or cannot be
-    written is one UsageError line."""
+def write_output(out: Path, text: str, *, overwrite: bool = True, private: bool = False) -> None:
+    """Write a file a command produces (`private`: owner-only, before any byte is in it); a
+    path that exists (unless `overwrite`) or cannot be written is one UsageError line."""
     if out.is_dir():
         raise UsageError(f"{out} is a folder: give a file name")
     if out.exists() and not overwrite:
         raise UsageError(f"{out} exists (use --force to overwrite)")
     try:
+        if private:
+            out.touch(mode=0o600)
+            out.chmod(0o600)
         out.write_text(text)
     except OSError as e:
         raise UsageError(f"cannot write {out}: {e.strerror}") from None
@@ -180,6 +187,8 @@ endpoint = "{endpoint}"
 ready_timeout_s = 120
 # The ledger of generations and trials.
 ledger = ".flagtrial/ledger.db"
+# Values redacted from every output besides those whose names look secret (TOKEN, KEY, ...).
+# secret_names = ["MY_VAR", "--my-flag"]
 # systemd targets: edit a drop-in instead of the unit itself
 # spec_path = "/etc/systemd/system/{unit}.d/flags.conf"
 
@@ -366,11 +375,12 @@ def preflight(
     async def body() -> None:
         async with open_session(project, accept_new_host_key=accept_new) as session:
             spec = await session.target.read_spec()
+            ui.secrets.learn_spec(spec.text)
             checked = await session.preflight(spec, change)
             for line in change.describe().splitlines():
-                ui.console.print(f"  {line}")
+                ui.console.print(f"  {ui.secrets.text(line)}", markup=False)
             for note in checked.notes:
-                ui.console.print(f"  [yellow]note:[/yellow] {note}")
+                ui.console.print(f"  [yellow]note:[/yellow] {ui.secrets.text(note)}")
             good = session.ledger.last_known_good(session.target.name)
             version = (good.facts or {}).get("version") if good else None
             host = gating.gate_host(await session.target.host_facts(), session.project.gpu)
@@ -378,20 +388,17 @@ def preflight(
                 session.engine.name, version, change, checked.candidate, host
             )
             if findings:
-                ui.console.print(render_text(findings), markup=False, soft_wrap=True)
+                ui.console.print(
+                    ui.secrets.text(render_text(findings)), markup=False, soft_wrap=True
+                )
             elif session.engine.name in gating.ENGINES:
                 ui.console.print(
                     "  source gate analysis skipped: "
                     + ("no GPU facts for this host ([gpu] in the project file)" if host is None
                        else "engine version unknown (run `flagtrial facts` once)")
                 )  # fmt: skip
-            diff = difflib.unified_diff(
-                spec.text.splitlines(keepends=True),
-                checked.candidate.text.splitlines(keepends=True),
-                "known-good",
-                "candidate",
-            )
-            ui.console.print(printable("".join(diff)), markup=False)
+            diff = ui.secrets.diff(spec.text, checked.candidate.text, "known-good", "candidate")
+            ui.console.print(printable(diff), markup=False)
             if gating.failing(findings):
                 raise GateError("preflight failed: a change fails at startup on this GPU")
             ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
@@ -501,10 +508,20 @@ def ledger_export(
     out: Path,
     project: ProjectOpt = Path(PROJECT_FILE),
     force: Annotated[bool, typer.Option(help="overwrite an existing file")] = False,
+    include_secrets: Annotated[
+        bool,
+        typer.Option(
+            "--include-secrets",
+            help="keep secret values (the copy can then be imported and restored from; "
+            "written owner-only)",
+        ),
+    ] = False,
 ) -> None:
-    """Write every generation, trial, journal event and run to a JSON file."""
-    ledger = Ledger(load_project(project).ledger_path)
-    write_output(out, json.dumps(ledger.export(), indent=1), overwrite=force)
+    """Write every generation, trial, journal event and run to a JSON file (secret values
+    redacted unless --include-secrets)."""
+    ledger = open_ledger(load_project(project))
+    data = ledger.export(include_secrets=include_secrets)
+    write_output(out, json.dumps(data, indent=1), overwrite=force, private=include_secrets)
     ui.console.print(f"wrote {out}")
 
 
@@ -661,7 +678,7 @@ async def _read_facts(
 def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False) -> None:
     """Every generation and trial in the ledger."""
     proj = load_project(project)
-    ledger = Ledger(proj.ledger_path)
+    ledger = open_ledger(proj)
     trials, gens = ledger.trials(), ledger.generations()
     if json_out:
         emit_json(
@@ -714,7 +731,7 @@ def show(
 ) -> None:
     """The whole story of one trial: change, facts, runs, verdict, timeline."""
     proj = load_project(project)
-    ledger = Ledger(proj.ledger_path)
+    ledger = open_ledger(proj)
     row = ledger.trial(trial_id)
     runs = ledger.runs(trial_id)
     events = ledger.events(trial_id)
@@ -748,7 +765,7 @@ def report(
     from flagtrial.report import render_html
 
     proj = load_project(project)
-    write_output(out, render_html(Ledger(proj.ledger_path), trial_id))
+    write_output(out, render_html(open_ledger(proj), trial_id))
     ui.console.print(f"wrote {out}")
 
 
@@ -806,5 +823,5 @@ def main() -> None:
     try:
         app()
     except FlagtrialError as e:
-        ui.err_console.print(f"[red]error:[/red] {e}")
+        ui.err_console.print(f"[red]error:[/red] {ui.secrets.text(str(e))}")
         sys.exit(e.exit_code)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from flagtrial.redact import Redactor
 
 Scalar = str | int | float | bool | None
 
@@ -25,6 +27,13 @@ class Facts(BaseModel):
     log_lines: list[str] = Field(default_factory=list)
     # Seconds from the restart to ready, as flagtrial measured it: what a restart costs.
     ready_s: float | None = None
+
+    @field_validator("settings", "log_lines")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Scalar] | list[str]) -> dict[str, Scalar] | list[str]:
+        """Servers echo secrets (SGLang's server_info has api_key, vLLM logs its non-default
+        args): redacted as read, so stored, shown and compared alike."""
+        return Redactor().data(v)
 
 
 class CapacityChange(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from flagtrial.errors import LedgerError, UsageError
 from flagtrial.launch.spec import decode_spec, encode_spec, spec_sha256
+from flagtrial.redact import Redactor
 
 SCHEMA_VERSION = 3
 
@@ -113,11 +115,37 @@ class Event(BaseModel):
     detail: str
 
 
-class Ledger:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+# The ledger holds launch specs as they are (secrets included, to restore them byte for
+# byte): owner-only. SQLite gives its -wal and -shm files the database file's mode.
+LEDGER_MODE = 0o600
+_SIDECARS = ("", "-wal", "-shm", "-journal")
+
+
+def _owner_only(path: Path) -> None:
+    """Create the ledger file owner-only, and tighten an existing one and its sidecars."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, LEDGER_MODE)
+    os.close(fd)
+    for suffix in _SIDECARS:
+        side = path.with_name(path.name + suffix)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            mode = side.stat().st_mode & 0o777
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            side.chmod(mode & 0o700)
+
+
+class Ledger:
+    """`secrets` redacts what the ledger hands out for people and tools to read (trials,
+    events, exports); it learns the secret values of every spec the ledger holds."""
+
+    def __init__(self, path: Path, secrets: Redactor | None = None) -> None:
+        self.path = path
+        self.secrets = secrets if secrets is not None else Redactor()
+        self._learnt_gen = 0  # generations up to this id have taught self.secrets
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _owner_only(path)
             self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -222,11 +250,13 @@ class Ledger:
     # trials
 
     def start_trial(self, target: str, change: dict[str, Any], baseline_gen: int) -> int:
+        secrets = self.redactor()
+        secrets.learn_change(change.get("edits", []))
         with self.tx() as db:
             cur = db.execute(
                 "INSERT INTO trials (target, change_json, baseline_gen, state, started_at) "
                 "VALUES (?,?,?,?,?)",
-                (target, json.dumps(change), baseline_gen, "planned", time.time()),
+                (target, json.dumps(secrets.data(change)), baseline_gen, "planned", time.time()),
             )
             trial_id = int(cur.lastrowid or 0)
             db.execute(
@@ -236,10 +266,13 @@ class Ledger:
         return trial_id
 
     def step(self, trial_id: int, state: str, detail: str = "", **fields: Any) -> None:
-        """Journal one step: the trial's state and any of its columns, plus a timeline event."""
+        """Journal one step: the trial's state and any of its columns, plus a timeline event.
+        Only spec texts are needed to restore: what a step records is kept redacted."""
+        secrets = self.redactor()
+        detail = secrets.text(detail)
         columns = {"state": state}
         for key, value in fields.items():
-            columns[key] = json.dumps(value) if key.endswith("_json") else value
+            columns[key] = json.dumps(secrets.data(value)) if key.endswith("_json") else value
         assignments = ", ".join(f"{k}=?" for k in columns)
         with self.tx() as db:
             db.execute(f"UPDATE trials SET {assignments} WHERE id=?", (*columns.values(), trial_id))
@@ -296,7 +329,8 @@ class Ledger:
         rows = self.db.execute(
             "SELECT at, state, detail FROM events WHERE trial_id=? ORDER BY id", (trial_id,)
         ).fetchall()
-        return [Event(at=r["at"], state=r["state"], detail=r["detail"]) for r in rows]
+        secrets = self.redactor()
+        return [Event(at=r["at"], state=r["state"], detail=secrets.text(r["detail"])) for r in rows]
 
     def runs(self, trial_id: int) -> list[dict[str, Any]]:
         rows = self.db.execute(
@@ -317,18 +351,19 @@ class Ledger:
             for r in rows
         ]
 
-    @staticmethod
-    def _trial(row: sqlite3.Row) -> TrialRow:
+    def _trial(self, row: sqlite3.Row) -> TrialRow:
+        # Redacted on reading too: a ledger written before redaction existed holds secrets.
+        secrets = self.redactor()
         return TrialRow(
             id=row["id"],
             target=row["target"],
-            change=json.loads(row["change_json"]),
+            change=secrets.data(json.loads(row["change_json"])),
             baseline_gen=row["baseline_gen"],
             candidate_gen=row["candidate_gen"],
             state=row["state"],
             verdict=row["verdict"],
-            reasons=json.loads(row["reasons_json"]),
-            record=json.loads(row["record_json"]),
+            reasons=secrets.data(json.loads(row["reasons_json"])),
+            record=secrets.data(json.loads(row["record_json"])),
             started_at=row["started_at"],
             finished_at=row["finished_at"],
         )
@@ -337,20 +372,46 @@ class Ledger:
 
     TABLES = ("generations", "trials", "events", "runs")
 
-    def export(self) -> dict[str, Any]:
+    def redactor(self) -> Redactor:
+        """self.secrets, taught the secret values of every generation recorded so far."""
+        for row in self.db.execute(
+            "SELECT id, spec FROM generations WHERE id > ? ORDER BY id", (self._learnt_gen,)
+        ):
+            self.secrets.learn_spec(decode_spec(row["spec"]))
+            self._learnt_gen = row["id"]
+        return self.secrets
+
+    def export(self, *, include_secrets: bool = False) -> dict[str, Any]:
         """Every row of every table, as JSON-ready dicts, with the schema version. A spec is
         exported as `spec_text` (non-UTF-8 bytes as surrogate escapes, which JSON writes as
-        \\udcXX), the same shape every schema's export has."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            **{
-                table: [
-                    _exported(dict(r))
-                    for r in self.db.execute(f"SELECT * FROM {table} ORDER BY id")
-                ]
-                for table in self.TABLES
-            },
+        \\udcXX), the same shape every schema's export has.
+
+        By default a readable copy: secret values redacted everywhere, spec texts included
+        (`secrets_left_out` says whether a spec lost any, which makes the copy unfit to
+        restore from); include_secrets gives the spec texts as they are, to move the ledger.
+        """
+        rows = {
+            table: [
+                _exported(dict(r)) for r in self.db.execute(f"SELECT * FROM {table} ORDER BY id")
+            ]
+            for table in self.TABLES
         }
+        left_out = False
+        if not include_secrets:
+            secrets = self.redactor()
+            for table, items in rows.items():
+                for row in items:
+                    for key, value in row.items():
+                        if not isinstance(value, str):
+                            continue
+                        if key == "spec_text":
+                            row[key] = secrets.spec(value)
+                            left_out = left_out or row[key] != value
+                        elif key.endswith("_json"):
+                            row[key] = json.dumps(secrets.data(json.loads(value)))
+                        elif table != "generations" or key == "note":
+                            row[key] = secrets.text(value)
+        return {"schema_version": SCHEMA_VERSION, "secrets_left_out": left_out, **rows}
 
     def import_(self, data: dict[str, Any]) -> int:
         """Load an export into this (empty) ledger in one transaction; returns rows written."""
@@ -359,6 +420,11 @@ class Ledger:
         if data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
             raise LedgerError(
                 f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
+            )
+        if data.get("secrets_left_out"):
+            raise LedgerError(
+                "the export has its secrets redacted, so its specs cannot be restored: "
+                "export with --include-secrets to move a ledger"
             )
         if self.db.execute("SELECT COUNT(*) FROM generations").fetchone()[0]:
             raise LedgerError(f"ledger {self.path} is not empty: import into a new one")

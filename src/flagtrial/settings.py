@@ -152,6 +152,11 @@ class Project(BaseModel):
     ledger: str = Field(
         ".flagtrial/ledger.db", description="ledger path, relative to the project file"
     )
+    secret_names: list[str] = Field(
+        default_factory=list,
+        description="environment variables (NAME) and flags (--flag) whose values are "
+        "redacted from every output, beyond those whose names look secret (TOKEN, KEY, ...)",
+    )
     workload: Workload = Field(default_factory=Workload)
     policy: Policy = Field(default_factory=Policy)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
+from flagtrial.redact import Redactor
 from flagtrial.targets.base import HostFacts
 from flagtrial.trial import Restore, TrialOutcome
 
@@ -30,6 +31,10 @@ err_console = Console(
 
 COLOURS = {"KEEP": "green", "REVERT": "red", "INCONCLUSIVE": "yellow"}
 
+# Everything this command prints passes through it; the command's ledger shares it, so the
+# secret values of every spec the ledger holds are known here too.
+secrets = Redactor()
+
 
 def notify(state: str, detail: str) -> None:
     console.print(_progress(state, detail))
@@ -41,7 +46,8 @@ def notify_stderr(state: str, detail: str) -> None:
 
 
 def _progress(state: str, detail: str) -> str:
-    return f"[dim]{time.strftime('%H:%M:%S')}[/dim] [bold]{state:<18}[/bold] {detail}"
+    stamp = time.strftime("%H:%M:%S")
+    return f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {secrets.text(detail)}"
 
 
 def host_line(host: HostFacts, facts: Facts) -> str:
@@ -113,8 +119,8 @@ def restore_line(restore: Restore) -> str:
             f"{CAPACITY_LABELS.get(k, k)} {v:g}" for k, v in restore.facts.capacity.items()
         )
         return f"[green]restored generation {restore.generation}, verified[/green]: {caps}"
-    return f"[red]restored generation {restore.generation}, NOT verified[/red]: " + "; ".join(
-        restore.mismatches
+    return f"[red]restored generation {restore.generation}, NOT verified[/red]: " + secrets.text(
+        "; ".join(restore.mismatches)
     )
 
 
@@ -124,10 +130,10 @@ def show_outcome(outcome: TrialOutcome) -> None:
         console.print(facts_table(outcome.facts_before, outcome.facts_after))
     if outcome.diff is not None:
         for line in diff_lines(outcome.diff):
-            console.print(f"  {line}")
+            console.print(f"  {secrets.text(line)}")
     if v.effects:
         console.print(effects_table(v.effects))
-    body = "\n".join(f"- {r}" for r in v.reasons)
+    body = "\n".join(f"- {secrets.text(r)}" for r in v.reasons)
     action = (
         f"generation {outcome.candidate_gen} kept as known-good"
         if outcome.outcome == "kept"

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -36,12 +37,31 @@ LOCK_WAIT_S = 1.0  # how long a lock held by someone else is waited for
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write alongside, fsync, rename, fsync the folder: the old text or the new, never partial."""
+    """Write alongside, fsync, rename, fsync the folder: the old text or the new, never partial.
+
+    The new file gets the old one's mode, owner and group before any byte is written (a 0600
+    unit holding secrets is never readable by others, not even as the temporary file); a new
+    file gets the umask's mode.
+    """
     tmp = path.with_name(f".{path.name}.flagtrial-tmp")
-    with open(tmp, "wb") as f:  # bytes: no newline or encoding translation
-        f.write(encode_spec(text))
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        old = path.stat()
+    except FileNotFoundError:
+        old = None
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if old else 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:  # bytes: no newline or encoding translation
+            if old is not None:
+                made = os.fstat(fd)
+                if (made.st_uid, made.st_gid) != (old.st_uid, old.st_gid):
+                    os.fchown(fd, old.st_uid, old.st_gid)
+                os.fchmod(fd, stat.S_IMODE(old.st_mode))
+            f.write(encode_spec(text))
+            f.flush()
+            os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -42,17 +42,21 @@ _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@][A-Za-z0-9:_.\\@-]*")
 
 # Runs on the host as `sh -c INSTALL_SCRIPT sh PATH` with the new text on stdin. Values reach
 # it only as positional arguments, never inside the script. Each step runs only if the one
-# before succeeded: a failed write leaves the old file and nothing reloaded.
+# before succeeded: a failed write leaves the old file and nothing reloaded. The temporary
+# file takes the unit's mode, owner and group before the text goes in, so a 0600 unit's
+# secrets are never in a file others can read.
 INSTALL_SCRIPT = r"""set -eu
 dst=$(readlink -m -- "$1")  # a linked unit: replace the file the link points to
 tmp="$dst.flagtrial-tmp"
 trap 'rm -f -- "$tmp"' EXIT
 mkdir -p -- "$(dirname -- "$dst")"
-cat >"$tmp"
 if [ -e "$dst" ]; then
-  chmod --reference="$dst" -- "$tmp"
+  rm -f -- "$tmp"
+  (umask 077 && : >"$tmp")
   chown --reference="$dst" -- "$tmp"
+  chmod --reference="$dst" -- "$tmp"
 fi
+cat >"$tmp"
 sync -- "$tmp"
 mv -f -- "$tmp" "$dst"
 sync -- "$(dirname -- "$dst")"

@@ -1,0 +1,96 @@
+"""Secrets over SSH (an nspawn container on 10.200.17.0/24): a 0600 unit owned by a non-root
+user keeps its mode, owner and group through a revert, a keep and a rollback installed by the
+remote script, and its secret values reach no output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hosts import SystemdHost, llama_host, llama_unit, ssh_project
+
+pytestmark = pytest.mark.slow
+
+N = 17  # this module's container: ft-17 at 10.200.17.2
+UNIT_PATH = "/etc/systemd/system/llama.service"
+SECRETS = ("hf_ssh_unit_value_1", "sk-ssh two words", "hf_ssh_change_value_3")
+UNIT = llama_unit(
+    "-np 8",
+    extra_service='Environment=HF_TOKEN=hf_ssh_unit_value_1 "OPENAI_API_KEY=sk-ssh two words"\n',
+)
+
+
+@pytest.fixture(scope="module")
+def host(
+    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
+) -> Iterator[SystemdHost]:
+    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
+        yield h
+
+
+@pytest.fixture
+def project(host: SystemdHost, tmp_path: Path) -> Path:
+    path = ssh_project(
+        host,
+        tmp_path / "flagtrial.toml",
+        UNIT,
+        "[workload]\nconcurrency = [8]\nprompt_words = 32\nmax_tokens = 32\n"
+        "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
+        # REVERT on the capacity loss before any load; keep what is unresolved
+        '[policy]\nruns = 2\nmax_runs = 2\ncapacity_guard = "revert"\non_inconclusive = "keep"\n'
+        "set_aside_disturbed = false\n",
+    )
+    host.sh('chown nobody:nogroup -- "$1" && chmod 0600 -- "$1"', UNIT_PATH)
+    return path
+
+
+def cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+
+def mode_and_owner(host: SystemdHost) -> str:
+    return host.sh('stat -c "%a %U %G" -- "$1"', UNIT_PATH).stdout.strip()
+
+
+def test_unit_mode_and_owner_survive_every_install_and_secrets_stay(
+    host: SystemdHost, project: Path
+) -> None:
+    before = host.read(UNIT_PATH)
+    assert mode_and_owner(host) == "600 nobody nogroup"
+    outputs: list[str] = []
+
+    def run(*args: str, code: int = 0) -> None:
+        result = cli(project, *args)
+        outputs.append(result.stdout + result.stderr)
+        assert result.returncode == code, result.stdout + result.stderr
+
+    env = ("--env", f"HF_TOKEN={SECRETS[2]}")
+    run("trial", *env, "--set", "--parallel=-1", code=10)  # REVERT: known-good reinstalled
+    assert host.read(UNIT_PATH) == before
+    assert mode_and_owner(host) == "600 nobody nogroup"
+
+    run("trial", *env, "--add", "--alias=candidate", code=11)  # kept: the candidate installed
+    assert SECRETS[2].encode() in host.read(UNIT_PATH)
+    assert mode_and_owner(host) == "600 nobody nogroup"
+
+    run("rollback", "--to", "1")
+    assert host.read(UNIT_PATH) == before
+    assert mode_and_owner(host) == "600 nobody nogroup"
+    # the install script leaves no temporary file behind
+    assert host.sh('ls -- "$(dirname -- "$1")"', UNIT_PATH).stdout.count("flagtrial-tmp") == 0
+
+    run("history", "--json")
+    run("show", "2", "--json")
+    for text in outputs:
+        assert not [s for s in SECRETS if s in text], text
