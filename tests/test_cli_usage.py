@@ -212,3 +212,24 @@ def test_a_change_that_changes_nothing_is_refused(served: Served) -> None:
     assert "leaves the launch spec as it is" in line
     assert served.unit.read_bytes() == before and served.target()._live_pid() == pid
     assert Ledger(served.root / ".flagtrial" / "ledger.db").trials() == []
+
+
+@pytest.mark.slow
+def test_every_reporting_command_has_json_and_nothing_else_on_stdout(served: Served) -> None:
+    assert served.cli("facts").returncode == 0
+    pre = served.cli("preflight", "--set", "--parallel=4", "--json")
+    assert pre.returncode == 0, pre.stderr
+    checked = json.loads(pre.stdout)
+    assert checked["passed"] is True
+    assert "+" in checked["diff"] and "--parallel 4" in checked["diff"]
+    assert [e["name"] for e in checked["change"]["edits"]] == ["--parallel"]
+    assert json.loads(served.cli("recover", "--json").stdout) == {"recovered": []}
+    unlocked = json.loads(served.cli("unlock", "--json").stdout)
+    assert unlocked == {"lock": "free", "holder": None, "trials": []}
+    for args in (["history", "--json"], ["facts", "--json"], ["show", "1", "--json"]):
+        out = served.cli(*args)
+        if args[0] == "show":
+            assert out.returncode == 2  # no trial yet: an error, and still nothing on stdout
+            assert out.stdout == ""
+        else:
+            json.loads(out.stdout)

@@ -368,40 +368,62 @@ def preflight(
     unset_env: UnsetEnvOpt = None,
     project: ProjectOpt = Path(PROJECT_FILE),
     accept_new: AcceptNewOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Validate a change against the engine's own flags and show the candidate; deploys nothing."""
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> None:
-        async with open_session(project, accept_new_host_key=accept_new) as session:
+        async with open_session(
+            project, accept_new_host_key=accept_new, json_out=json_out
+        ) as session:
             spec = await session.target.read_spec()
             ui.secrets.learn_spec(spec.text)
             checked = await session.preflight(spec, change)
-            for line in change.describe().splitlines():
-                ui.console.print(f"  {ui.secrets.text(line)}", markup=False)
-            for note in checked.notes:
-                ui.console.print(f"  [yellow]note:[/yellow] {ui.secrets.text(note)}")
             good = session.ledger.last_known_good(session.target.name)
             version = (good.facts or {}).get("version") if good else None
             host = gating.gate_host(await session.target.host_facts(), session.project.gpu)
             findings = await gating.analyze(
                 session.engine.name, version, change, checked.candidate, host
             )
-            if findings:
-                ui.console.print(
-                    ui.secrets.text(render_text(findings)), markup=False, soft_wrap=True
+            skipped = None
+            if not findings and session.engine.name in gating.ENGINES:
+                skipped = "source gate analysis skipped: " + (
+                    "no GPU facts for this host ([gpu] in the project file)"
+                    if host is None
+                    else "engine version unknown (run `flagtrial facts` once)"
                 )
-            elif session.engine.name in gating.ENGINES:
-                ui.console.print(
-                    "  source gate analysis skipped: "
-                    + ("no GPU facts for this host ([gpu] in the project file)" if host is None
-                       else "engine version unknown (run `flagtrial facts` once)")
-                )  # fmt: skip
             diff = ui.secrets.diff(spec.text, checked.candidate.text, "known-good", "candidate")
-            ui.console.print(printable(diff), markup=False)
-            if gating.failing(findings):
+            passed = not gating.failing(findings)
+            if json_out:
+                emit_json(
+                    {
+                        "passed": passed,
+                        "change": change.model_dump(),
+                        "notes": checked.notes,
+                        "gates": [f.model_dump(mode="json") for f in findings],
+                        "gates_skipped": skipped,
+                        "diff": diff,
+                    }
+                )
+            else:
+                for line in change.describe().splitlines():
+                    ui.console.print(f"  {ui.secrets.text(line)}", markup=False)
+                for note in checked.notes:
+                    ui.console.print(f"  [yellow]note:[/yellow] {ui.secrets.text(note)}")
+                if findings:
+                    ui.console.print(
+                        ui.secrets.text(render_text(findings)), markup=False, soft_wrap=True
+                    )
+                elif skipped:
+                    ui.console.print(f"  {skipped}")
+                ui.console.print(printable(diff), markup=False)
+            if not passed:
                 raise GateError("preflight failed: a change fails at startup on this GPU")
-            ui.console.print("[green]preflight passed[/green]: every flag is known to the engine")
+            if not json_out:
+                ui.console.print(
+                    "[green]preflight passed[/green]: every flag is known to the engine"
+                )
 
     run(body)
 
@@ -479,22 +501,28 @@ def rollback(
 
 
 @app.command()
-def recover(project: ProjectOpt = Path(PROJECT_FILE), accept_new: AcceptNewOpt = False) -> None:
+def recover(
+    project: ProjectOpt = Path(PROJECT_FILE),
+    accept_new: AcceptNewOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
     """Finish what a killed flagtrial left: roll an unfinished trial back (or finish a KEEP)
     and verify the server's facts. Safe to run again, and to kill and rerun."""
 
     async def body() -> None:
         async with (
-            open_session(project, accept_new_host_key=accept_new) as session,
+            open_session(project, accept_new_host_key=accept_new, json_out=json_out) as session,
             session.target.lock("flagtrial recover"),
         ):
             unfinished = session.ledger.unfinished_trials(session.target.name)
             await session.recover()
-        ui.console.print(
-            f"recovered {len(unfinished)} unfinished trial(s)"
-            if unfinished
-            else "nothing to recover"
-        )
+            ended = {t.id: session.ledger.trial(t.id).state for t in unfinished}
+        if json_out:
+            emit_json({"recovered": [{"trial": i, "state": st} for i, st in ended.items()]})
+        else:
+            ui.console.print(
+                f"recovered {len(ended)} unfinished trial(s)" if ended else "nothing to recover"
+            )
 
     run(body)
 
@@ -552,38 +580,55 @@ def unlock(
         ),
     ] = False,
     accept_new: AcceptNewOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Free the target's lock when its holder is gone. A holder that still runs is named and
     left alone (exit 6) unless --force."""
+    # with --json, the lines go to stderr and stdout holds {"lock": ..., "holder": ...}
+    say = ui.err_console.print if json_out else ui.console.print
 
     async def body() -> None:
-        async with open_session(project, accept_new_host_key=accept_new) as session:
+        async with open_session(
+            project, accept_new_host_key=accept_new, json_out=json_out
+        ) as session:
             target, ledger = session.target, session.ledger
             holder = await target.lock_holder()
+            trials: dict[int, str] = {}
             if holder is None:
-                ui.console.print("the lock was free")
+                lock = "free"
+                say("the lock was free")
             elif holder.alive is False:
+                lock = "broken"
                 await target.break_lock(holder)
-                ui.console.print(
-                    f"broke the lock held by {holder.info}, which was gone", markup=False
-                )
+                say(f"broke the lock held by {holder.info}, which was gone", markup=False)
             elif not force:
                 raise LockHeldError("left alone: " + held_message(target.name, holder))
             else:
+                lock = "forced"
                 running = ledger.unfinished_trials(target.name)
-                await _stop_holder(session, holder)
+                await _stop_holder(session, holder, say)
                 async with target.lock("flagtrial unlock --force"):
                     await session.recover()
                 for t in running:
-                    ui.console.print(f"trial {t.id} ended {ledger.trial(t.id).state}")
-                return
-            for t in ledger.unfinished_trials(target.name):
-                ui.console.print(f"trial {t.id} is unfinished ({t.state}): run `flagtrial recover`")
+                    trials[t.id] = ledger.trial(t.id).state
+                    say(f"trial {t.id} ended {trials[t.id]}")
+            if lock != "forced":
+                for t in ledger.unfinished_trials(target.name):
+                    trials[t.id] = t.state
+                    say(f"trial {t.id} is unfinished ({t.state}): run `flagtrial recover`")
+            if json_out:
+                emit_json(
+                    {
+                        "lock": lock,
+                        "holder": holder.info if holder else None,
+                        "trials": [{"trial": i, "state": st} for i, st in trials.items()],
+                    }
+                )
 
     run(body)
 
 
-async def _stop_holder(session: Session, holder: LockHolder) -> None:
+async def _stop_holder(session: Session, holder: LockHolder, say: Callable[..., None]) -> None:
     """Stop a live holder (on this machine: signals; elsewhere only its lock can be broken),
     and free what its lock leaves on the host."""
     target = session.target
@@ -592,11 +637,9 @@ async def _stop_holder(session: Session, holder: LockHolder) -> None:
         grace = session.project.ready_timeout_s + STOP_GRACE_S
         killed = await stop_holder(holder, grace)
         how = f"killed (still running {grace:g}s after SIGTERM)" if killed else "stopped"
-        ui.console.print(f"{how} {holder.info}", markup=False)
+        say(f"{how} {holder.info}", markup=False)
     else:
-        ui.console.print(
-            f"breaking the lock of {holder.info}, on another machine: stop it there", markup=False
-        )
+        say(f"breaking the lock of {holder.info}, on another machine: stop it there", markup=False)
     if (left := await target.lock_holder()) is not None:
         await target.break_lock(left)
 
