@@ -277,10 +277,8 @@ def live_trial(bench: Bench, results: Results) -> None:
     results.live_trials += 1
     try:
         outcome = json.loads(out)
-        runs = outcome["verdict"]["effects"]
         disturbed = outcome["outcome"] != "reverted" or _trial_state(bench) != "reverted"
         disturbed |= any(r.get("n_errors") for r in _runs(bench))
-        del runs
     except (ValueError, KeyError):
         disturbed = True
         results.notes.append(f"live trial ended badly: rc {proc.returncode}: {err[-300:]}")
@@ -303,7 +301,7 @@ def _trial_state(bench: Bench) -> str:
 def _runs(bench: Bench) -> list[dict[str, object]]:
     db = sqlite3.connect(bench.ledger)
     try:
-        rows = db.execute("SELECT summary FROM runs").fetchall()
+        rows = db.execute("SELECT summary_json FROM runs").fetchall()
     finally:
         db.close()
     return [json.loads(r[0]) for r in rows]
@@ -332,7 +330,7 @@ def main() -> int:
             live_trial(bench, results)
         finally:
             bench.cli("rollback")
-            subprocess.run(["pkill", "-f", f"--port {bench.port}"], check=False)
+            subprocess.run(["pkill", "-f", "--", f"--port {bench.port}"], check=False)
     ok = [b for b in results.bad_inputs if b.ok]
     summary = {
         "bad_inputs_tried": len(results.bad_inputs),

@@ -16,6 +16,10 @@ from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import typer
+from rich.markup import escape
+
+# Typer vendors click: its usage errors are these classes.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from flagtrial import ui
 from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
@@ -863,8 +867,20 @@ def demo(
 
 
 def main() -> None:
+    """Every error is one line on stderr, usage errors too (Typer would draw a box)."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except ClickException as e:
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        ui.err_console.print(
+            f"[red]error:[/red] {escape(ui.secrets.text(e.format_message()))}{escape(hint)}"
+        )
+        sys.exit(e.exit_code)
     except FlagtrialError as e:
         ui.err_console.print(f"[red]error:[/red] {ui.secrets.text(str(e))}")
         sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -41,7 +41,6 @@ from flagtrial.launch.change import (
     check_listen_address,
     checkable_args,
     names_touched,
-    value_notes,
 )
 from flagtrial.launch.spec import LaunchSpec, byte_difference
 from flagtrial.ledger import Generation, Ledger
@@ -219,7 +218,7 @@ class Session:
             await self.engine.check_values(
                 self.target, spec.program, checkable_args(change, schema)
             )
-        notes = [*value_notes(change, schema), *check_candidate(schema, candidate)]
+        notes = check_candidate(schema, candidate)
         named = {k for f in names_touched(change, schema) for k in self.engine.settings_for_flag(f)}
         return Preflight(candidate=candidate, notes=notes, named_settings=named)
 

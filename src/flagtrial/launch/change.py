@@ -162,8 +162,8 @@ def _check_value(flag: FlagDef, name: str, value: str | None) -> list[str]:
             if v not in flag.choices:
                 raise ChangeError(f"{name} {v}: not one of {', '.join(flag.choices)}")
     problem = value_problem(flag, name, value)
-    if problem is not None and problem[0]:
-        raise ChangeError(problem[1])
+    if problem is not None:
+        raise ChangeError(problem)
     return values
 
 
@@ -177,18 +177,6 @@ def checkable_args(change: Change, schema: FlagSchema) -> list[str]:
             if flag.kind is not None or flag.choices is not None:
                 args += [e.name, *_check_value(flag, e.name, e.value)]
     return args
-
-
-def value_notes(change: Change, schema: FlagSchema) -> list[str]:
-    """How the engine reads values it takes only in part (`-t 1.5` runs 1 thread): shown by
-    preflight and kept with the trial, not fatal, as the server starts with them."""
-    notes: list[str] = []
-    for e in change.edits:
-        if e.op in ("add", "set") and e.value is not None:
-            problem = value_problem(schema.lookup(e.name), e.name, e.value)
-            if problem is not None:
-                notes.append(problem[1])
-    return notes
 
 
 def _flag_words(schema: FlagSchema, name: str, values: list[str]) -> tuple[str, ...]:

@@ -240,9 +240,10 @@ def _stof(text: str) -> tuple[float, int]:
     return x, m.end()
 
 
-def value_problem(flag: FlagDef, name: str, value: str) -> tuple[bool, str] | None:
-    """What llama-server does with `name value` that the user may not expect: (True, why) when
-    it refuses it at start, (False, how it reads it) when it silently takes part of it."""
+def value_problem(flag: FlagDef, name: str, value: str) -> str | None:
+    """Why `name value` must not reach llama-server: it refuses it at start, or it silently
+    reads only part of it (`-t 1.5` runs 1 thread: a trial would measure another value than
+    the one asked for)."""
     if flag.kind is None or f"'{value}'" in flag.help:  # `either a number, 'auto', or 'all'`
         return None
     if flag.kind == "toggle":
@@ -251,7 +252,7 @@ def value_problem(flag: FlagDef, name: str, value: str) -> tuple[bool, str] | No
         ]
         if value in words:
             return None
-        return True, f"{name} {value!r}: not one of {', '.join(words)}"
+        return f"{name} {value!r}: not one of {', '.join(words)}"
     readers = {"int": (_stoi,), "float": (_stof,), "number": (_stoi, _stof)}[flag.kind]
     read: list[tuple[float, int]] = []
     errors: list[str] = []
@@ -261,15 +262,18 @@ def value_problem(flag: FlagDef, name: str, value: str) -> tuple[bool, str] | No
         except ValueError as e:
             errors.append(str(e))
     if not read:
-        return True, f"{name} {value!r}: {errors[-1]}"
+        return f"{name} {value!r}: {errors[-1]}"
     n, end = read[0]
     if flag.minimum is not None and n < flag.minimum:
-        return True, (
+        return (
             f"{name} {value!r}: below {flag.minimum}, and the help gives no meaning to a "
             f"negative {flag.canonical}"
         )
     if end < len(value) and flag.kind != "number":
-        return False, f"{name} {value!r} is read as {n:g}: the engine ignores {value[end:]!r}"
+        return (
+            f"{name} {value!r} would be read as {n:g} (the engine ignores {value[end:]!r}): "
+            f"give {n:g} if that is meant"
+        )
     return None
 
 
