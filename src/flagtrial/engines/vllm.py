@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines import logfacts, promtext, pyrepr, source_flags
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import engine_schema
 from flagtrial.facts import Facts, Scalar
@@ -86,6 +86,22 @@ OTHER_LINES = {
         r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"
     ),
 }
+# The parser `vllm serve` builds (entrypoints/cli/serve.py), built on the host by
+# engines/parser_dump.py: importing the argument modules touches no GPU.
+PARSER = f"""
+import importlib
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # before 0.11
+    from vllm.utils import FlexibleArgumentParser
+for _name in {source_flags.VLLM_CLI_MODULES!r}:
+    try:
+        _module = importlib.import_module(_name)
+        break
+    except ModuleNotFoundError:
+        continue
+parser = _module.make_arg_parser(FlexibleArgumentParser())
+"""
 # VllmConfig.__str__ (config/vllm.py:2809) names some fields differently from their flags.
 CONFIG_LINE_ALIASES = {
     "max_model_len": "max_seq_len",
@@ -235,6 +251,6 @@ class VllmEngine:
         # FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes `--a_b` for `--a-b`
         # and `--json-flag.key value` for a key of a JSON flag.
         self._schema = await engine_schema(
-            target, self.name, program, underscores=True, dotted=True
+            target, self.name, program, PARSER, underscores=True, dotted=True
         )
         return self._schema
