@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flagtrial.engines import source_flags
+from flagtrial.engines import promtext, source_flags
 from flagtrial.engines.pyengine import (
     engine_schema,
     installed_version,
@@ -112,3 +112,49 @@ def test_static_reader_matches_the_real_parser(vllm_bin: Path, tmp_path: Path) -
     assert differences == []
     assert by_real["--log-config-file"]["deprecated"] == "--logging-config.pylogging_config_file"
     assert by_static["--mm-processor-device"]["choices_unresolved"].startswith("['auto', 'cpu']")
+
+
+async def _flood(url: str, n: int, max_tokens: int) -> tuple[float, float]:
+    """n completions at once; (peak running, peak waiting) as /metrics reports them."""
+    peaks = [0.0, 0.0]
+    done = asyncio.Event()
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "prompt": "the cache", "max_tokens": max_tokens,
+                "ignore_eos": True, "temperature": 0}  # fmt: skip
+
+        async def sample() -> None:
+            while not done.is_set():
+                metrics = promtext.parse((await client.get(f"{url}/metrics")).text)
+                for i, name in enumerate(
+                    ("vllm:num_requests_running", "vllm:num_requests_waiting")
+                ):
+                    found = promtext.first(metrics, name)
+                    peaks[i] = max(peaks[i], found.value if found else 0.0)
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        replies = await asyncio.gather(
+            *(client.post(f"{url}/v1/completions", json=body) for _ in range(n))
+        )
+        done.set()
+        await sampler
+    assert all(r.status_code == 200 for r in replies)
+    assert all(r.json()["usage"]["completion_tokens"] == max_tokens for r in replies)
+    return peaks[0], peaks[1]
+
+
+def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) -> None:
+    facts = read_facts(vllm_server)
+    limits = {limit.name: limit for limit in facts.limits}
+    assert limits["max_num_seqs"].admits == 8
+    assert limits["kv_cache_size_tokens"].admits == 512  # 262,144 tokens / 512 per request
+    assert facts.capacity["concurrent_requests"] == 8
+    assert facts.sources["concurrent_requests"] == (
+        "bound by max_num_seqs = 8 (startup log: non-default args)"
+    )
+    # Four times what it admits: the rest wait, and the running count peaks at the bound
+    # (long completions, so that /metrics is sampled many times while the batch is full).
+    running, waiting = asyncio.run(_flood(vllm_server.url, 32, max_tokens=400))
+    assert running == facts.capacity["concurrent_requests"]
+    assert waiting > 0
