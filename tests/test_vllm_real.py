@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flagtrial.demo import free_port
 from flagtrial.engines import promtext, source_flags
 from flagtrial.engines.pyengine import (
     engine_schema,
@@ -19,8 +20,9 @@ from flagtrial.engines.pyengine import (
 )
 from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
+from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import MODULE, VllmServer
+from vllm_fixtures import MODULE, VllmServer, run_trial, write_vllm_project
 
 
 def read_facts(server: VllmServer) -> Facts:
@@ -158,3 +160,40 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     running, waiting = asyncio.run(_flood(vllm_server.url, 32, max_tokens=400))
     assert running == facts.capacity["concurrent_requests"]
     assert waiting > 0
+
+
+@pytest.mark.slow
+def test_fewer_sequences_revert_with_the_binding_limit_named(
+    tmp_path: Path, vllm_bin: Path, hf_model: Path
+) -> None:
+    """Three real starts: the known-good (max_num_seqs 8), the candidate (2), the restore."""
+    project = write_vllm_project(
+        tmp_path, vllm_bin, hf_model, free_port(), "--max-num-seqs", "8",
+        policy='runs = 2\ncapacity_guard = "revert"\n',
+    )  # fmt: skip
+    stopped: list[int] = []
+    change = Change(edits=[Edit(op="set", name="--max-num-seqs", value="2")])
+    outcome, events = run_trial(project, change, stopped)
+    assert outcome.verdict.decision == "REVERT"
+    assert outcome.verdict.reasons[0] == (
+        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_num_seqs = 2, "
+        "beyond the 5 % guardrail"
+    )
+    assert not any(state == "measuring" for state, _ in events)
+    assert outcome.facts_before.version == outcome.facts_after.version == "0.32.0"
+    assert outcome.restore is not None and outcome.restore.verified
+    assert outcome.restore.facts.capacity["concurrent_requests"] == 8
+    explicit = {c.name for c in outcome.diff.explicit}
+    assert "arg.max_num_seqs" in explicit
+    # API server, engine core and worker: all of them gone once the server is stopped.
+    assert len(stopped) >= 3
+    left = {pid: _state(pid) for pid in stopped}
+    assert {pid: s for pid, s in left.items() if s not in (None, "Z")} == {}
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (Z: a zombie, gone but not yet reaped), None once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -20,9 +20,15 @@ import flagtrial
 from fixtures.engines.standin import write_project
 from flagtrial.cache import cache_root, vllm_python
 from flagtrial.demo import free_port
+from flagtrial.engines import make_engine
 from flagtrial.engines.base import wait_ready
 from flagtrial.engines.vllm import VllmEngine
+from flagtrial.launch.change import Change
+from flagtrial.ledger import Ledger
+from flagtrial.settings import load_project
+from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
+from flagtrial.trial import Session, Trial
 
 # No hub; a 1 GiB KV cache (the CPU build sizes it from this, not from free memory);
 # PYTHONPATH cleared: tests that point it at a wheel's source must not reach the real server.
@@ -85,6 +91,28 @@ def write_vllm_project(
         program=[str(python), "-m", MODULE],
         ready_timeout_s=READY_TIMEOUT_S,
     )
+
+
+def run_trial(project_file: Path, change: Change, stopped: list[int] | None = None):
+    """A whole trial of `change` on a vLLM project (real or stand-in), the server stopped
+    after; `stopped` gets the server's processes as they were just before that stop."""
+    project = load_project(project_file)
+    target = make_target(project)
+    events: list[tuple[str, str]] = []
+    session = Session(
+        project,
+        target,
+        make_engine("vllm"),
+        Ledger(project.ledger_path),
+        lambda s, d: events.append((s, d)),
+    )
+    try:
+        return asyncio.run(Trial(session, change).run()), events
+    finally:
+        if stopped is not None and isinstance(target, ProcessTarget):
+            leader = asyncio.run(target.state()).pid
+            stopped += target.group_members(leader) if leader else []
+        asyncio.run(target.stop())  # type: ignore[attr-defined]
 
 
 @dataclass
