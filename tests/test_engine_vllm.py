@@ -13,18 +13,15 @@ import pytest
 from conftest import free_port
 from fixtures.engines.standin import write_project
 from fixtures.engines.wheels import VLLM, engine_site, package_dir
-from flagtrial.engines import logfacts, make_engine, promtext
+from flagtrial.engines import logfacts, promtext
 from flagtrial.engines.pyengine import engine_schema
 from flagtrial.engines.source_flags import extract
 from flagtrial.engines.vllm import parse_startup_log
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial
+from vllm_fixtures import run_trial
 
 
 @pytest.fixture(scope="module")
@@ -174,23 +171,6 @@ STANDIN_ENV = {
     "FLAGTRIAL_STANDIN_TOKEN_DELAY_S": "0.01",
     "VLLM_SERVER_DEV_MODE": "1",
 }
-
-
-def run_trial(project_file: Path, change: Change):
-    project = load_project(project_file)
-    target = make_target(project)
-    events: list[tuple[str, str]] = []
-    session = Session(
-        project,
-        target,
-        make_engine("vllm"),
-        Ledger(project.ledger_path),
-        lambda s, d: events.append((s, d)),
-    )
-    try:
-        return asyncio.run(Trial(session, change).run()), events
-    finally:
-        asyncio.run(target.stop())  # type: ignore[attr-defined]
 
 
 @pytest.fixture

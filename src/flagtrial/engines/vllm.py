@@ -1,11 +1,12 @@
 """Engine `vllm`: vLLM's OpenAI-compatible server (`vllm serve`, `python -m
 vllm.entrypoints.openai.api_server`).
 
-Capacity is the KV cache the engine sized at start: `kv_tokens` is "KV cache size: N tokens",
-`concurrent_requests` is "Maximum concurrency for M tokens per request: X" (how many requests
-of the full context length fit at once; shorter requests fit more, up to `max_num_seqs`,
-which is a setting), and context per request is `/v1/models` `max_model_len`. The
-`vllm:cache_config_info` labels of `/metrics` carry the same two numbers
+Capacity: `kv_tokens` is the KV cache the engine sized at start ("KV cache size: N tokens"),
+context per request is `/v1/models` `max_model_len`, and `concurrent_requests` is what the
+scheduler admits: the least of its limits (`Facts.limits`), each with its value and source:
+`max_num_seqs`, `max_num_batched_tokens` (SCHEDULER_LIMITS), and the KV cache's "Maximum
+concurrency for M tokens per request: X" (requests of the full context length that fit).
+The `vllm:cache_config_info` labels of `/metrics` carry the KV numbers
 (`kv_cache_size_tokens`, `kv_cache_max_concurrency`) and are preferred when served.
 Resolved settings come from `/server_info?config_format=json` when the server runs with
 `VLLM_SERVER_DEV_MODE=1`, else from the `non-default args` and engine-config log lines.
@@ -21,10 +22,10 @@ from typing import Any
 
 import httpx
 
-from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines import logfacts, promtext, pyrepr, source_flags
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import engine_schema
-from flagtrial.facts import Facts, Scalar
+from flagtrial.facts import Facts, Limit, Scalar, binding
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
@@ -86,6 +87,22 @@ OTHER_LINES = {
         r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)"
     ),
 }
+# The parser `vllm serve` builds (entrypoints/cli/serve.py), built on the host by
+# engines/parser_dump.py: importing the argument modules touches no GPU.
+PARSER = f"""
+import importlib
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # before 0.11
+    from vllm.utils import FlexibleArgumentParser
+for _name in {source_flags.VLLM_CLI_MODULES!r}:
+    try:
+        _module = importlib.import_module(_name)
+        break
+    except ModuleNotFoundError:
+        continue
+parser = _module.make_arg_parser(FlexibleArgumentParser())
+"""
 # VllmConfig.__str__ (config/vllm.py:2809) names some fields differently from their flags.
 CONFIG_LINE_ALIASES = {
     "max_model_len": "max_seq_len",
@@ -98,6 +115,40 @@ CACHE_INFO = "vllm:cache_config_info"
 # Labels that are measured at start (capacity facts already), not settings: they may move by
 # a few blocks between two starts of the same spec.
 _SIZED = {"engine", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_concurrency"}
+
+
+# The scheduler admits a waiting request while fewer than max_num_seqs run, the step's token
+# budget (max_num_batched_tokens, at least one token per running request) has room, and the
+# KV cache has the blocks (v1/core/sched/scheduler.py `schedule`). Each limit's value, in the
+# order of the sources that report it: /server_info (dev mode), the args the server was
+# started with, the log line where the engine states it.
+SCHEDULER_LIMITS = {
+    "max_num_seqs": ("scheduler_config.max_num_seqs", "arg.max_num_seqs"),
+    "max_num_batched_tokens": (
+        "scheduler_config.max_num_batched_tokens",
+        "arg.max_num_batched_tokens",
+        "max_num_batched_tokens_resolved",
+    ),
+}
+_SETTING_SOURCES = {
+    "scheduler_config": "GET /server_info?config_format=json",
+    "arg": "startup log: non-default args",
+    "max_num_batched_tokens_resolved": "startup log: Chunked prefill is enabled with ...",
+}
+
+
+def scheduler_limits(settings: dict[str, Scalar]) -> list[Limit]:
+    """The scheduler's limits the server reports; one it does not report (a default it
+    resolved without logging it) is left out."""
+    limits = []
+    for name, keys in SCHEDULER_LIMITS.items():
+        for key in keys:
+            value = settings.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                source = _SETTING_SOURCES.get(key.split(".")[0], key)
+                limits.append(Limit(name=name, setting=value, admits=value, source=source))
+                break
+    return limits
 
 
 def _int(text: str) -> int:
@@ -207,6 +258,20 @@ class VllmEngine:
         )
         warnings, warning_lines = logfacts.override_warnings(startup_log)
         settings.update(warnings)
+        limits = scheduler_limits({**log_settings, **settings})
+        if "concurrent_requests" in capacity and "kv_tokens" in capacity:
+            limits.append(
+                Limit(
+                    name="kv_cache_size_tokens",
+                    setting=capacity["kv_tokens"],
+                    admits=capacity["concurrent_requests"],
+                    source=sources["concurrent_requests"],
+                )
+            )
+        bound = binding(limits)
+        if bound is not None:
+            capacity["concurrent_requests"] = bound.admits
+            sources["concurrent_requests"] = f"bound by {bound.describe()} ({bound.source})"
         return Facts(
             engine=self.name,
             version=version or str(log_settings.get("version_logged") or "") or None,
@@ -214,6 +279,7 @@ class VllmEngine:
             settings=settings,
             sources=sources,
             log_lines=lines + warning_lines,
+            limits=limits,
         )
 
     def crash_reason(self, log: str) -> str | None:
@@ -235,6 +301,6 @@ class VllmEngine:
         # FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes `--a_b` for `--a-b`
         # and `--json-flag.key value` for a key of a JSON flag.
         self._schema = await engine_schema(
-            target, self.name, program, underscores=True, dotted=True
+            target, self.name, program, PARSER, underscores=True, dotted=True
         )
         return self._schema

@@ -128,19 +128,37 @@ class ProcessTarget:
         pid = self._live_pid()
         if pid is None:
             return
-        # The server leads its own session: signal the whole group so helpers die with it.
+        # The server leads its own session: signal the whole group so helpers die with it, and
+        # wait for all of them (vLLM's engine core and workers outlive the API server briefly,
+        # holding memory a next start needs).
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        while self._live_pid() == pid and time.monotonic() < deadline:
+        while self._running(pid) and time.monotonic() < deadline:
             self._reap()
             await asyncio.sleep(0.05)
-        if self._live_pid() == pid:
+        if self._running(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            while self._live_pid() == pid:
+            while self._running(pid):
                 self._reap()
                 await asyncio.sleep(0.05)
+
+    def _running(self, pid: int) -> bool:
+        return self._live_pid() == pid or bool(self.group_members(pid))
+
+    @staticmethod
+    def group_members(pgid: int) -> list[int]:
+        """Live (not zombie) processes of a process group."""
+        members = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+                members.append(int(stat.parent.name))
+        return members
 
     def _reap(self) -> None:
         if self._child is not None:
