@@ -151,13 +151,13 @@ class ProcessTarget:
     def group_members(pgid: int) -> list[int]:
         """Live (not zombie) processes of a process group."""
         members = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
+        for stat_file in Path("/proc").glob("[0-9]*/stat"):
             try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
+                fields = stat_file.read_text().rsplit(")", 1)[1].split()
             except (OSError, IndexError):
                 continue
             if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-                members.append(int(stat.parent.name))
+                members.append(int(stat_file.parent.name))
         return members
 
     def _reap(self) -> None:
