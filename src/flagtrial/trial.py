@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from flagtrial.engines import DEFAULT_PORTS
-from flagtrial.engines.base import Engine, ValueChecker, wait_ready
+from flagtrial.engines.base import Engine, ResolvesDefaults, ValueChecker, wait_ready
 from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import (
     ChangeError,
@@ -29,7 +29,7 @@ from flagtrial.errors import (
     RollbackError,
     ServerNotReadyError,
 )
-from flagtrial.facts import Facts, FactsDiff, diff_facts
+from flagtrial.facts import Facts, FactsDiff, diff_facts, request_tokens
 from flagtrial.faults import checkpoint
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.model import GateFinding
@@ -117,7 +117,12 @@ class Session:
             facts = await self.engine.facts(
                 client, self.project.endpoint, await self.target.logs_since(mark)
             )
-        return facts.model_copy(update={"ready_s": took})
+        if isinstance(self.engine, ResolvesDefaults):
+            program = (await self.target.read_spec()).program
+            facts = await self.engine.with_defaults(self.target, program, facts)
+        # Capacity at the workload's lengths, as this server counts its prompts.
+        tokens = await request_tokens(self.project.endpoint, self.project.workload)
+        return facts.at_tokens(tokens).model_copy(update={"ready_s": took})
 
     async def close(self) -> None:
         await self.target.aclose()

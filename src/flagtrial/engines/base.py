@@ -53,6 +53,16 @@ class ValueChecker(Protocol):
         ...
 
 
+@runtime_checkable
+class ResolvesDefaults(Protocol):
+    """An engine whose server leaves some limits unreported, while its own code on the host
+    resolves their defaults (vLLM's batch limits, which depend on the platform)."""
+
+    async def with_defaults(self, target: Target, program: list[str], facts: Facts) -> Facts:
+        """`facts` with the limits the engine's code resolves added, the binding one named."""
+        ...
+
+
 async def wait_ready(
     engine: Engine, target: Target, base_url: str, mark: str, timeout_s: float
 ) -> None:

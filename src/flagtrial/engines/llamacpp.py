@@ -3,6 +3,9 @@
 Facts: `/props` (total_slots, per-slot n_ctx, build_info), `/v1/models` (meta.n_ctx_train)
 and the startup log line
 `load_model: initializing, n_slots = 8, n_ctx_slot = 1024, kv_unified = 'false'`.
+Capacity: concurrent requests are bound by the slots, by the context of one slot (a request
+longer than n_ctx_slot is never served), and with a unified KV cache by its cells, which
+every request in flight draws from (`Facts.limits`); the binding one is named.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import httpx
 
 from flagtrial.engines.schema_cache import help_schema
 from flagtrial.errors import ChangeError
-from flagtrial.facts import Facts, Scalar
+from flagtrial.facts import Facts, Limit, Scalar, bind
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
@@ -91,14 +94,34 @@ class LlamaCppEngine:
             model_alias=props.get("model_alias"),
             model_ftype=props.get("model_ftype"),
         )
-        capacity = {
-            "concurrent_requests": float(props["total_slots"]),
-            "context_per_request": float(props["default_generation_settings"]["n_ctx"]),
-        }
+        slots = float(props["total_slots"])
+        n_ctx = float(props["default_generation_settings"]["n_ctx"])
+        capacity = {"concurrent_requests": slots, "context_per_request": n_ctx}
         sources = {
             "concurrent_requests": "GET /props total_slots",
             "context_per_request": "GET /props default_generation_settings.n_ctx",
         }
+        limits = [
+            Limit(
+                name="total_slots",
+                setting=slots,
+                admits=slots,
+                source=sources["concurrent_requests"],
+            )
+        ]
+        # A slot serves a request of at most n_ctx_slot tokens: a longer one fails ("the
+        # request exceeds the available context size", or "Context size has been exceeded"
+        # once its output reaches it), whatever the other slots do.
+        limits.append(
+            Limit(
+                name="n_ctx_slot",
+                setting=n_ctx,
+                admits=slots,
+                source=sources["context_per_request"],
+                per="context",
+                slots=slots,
+            )
+        )
         if "n_slots" in settings:
             # A unified KV cache is one pool of n_ctx_slot cells shared by every slot; otherwise
             # each slot owns its own n_ctx_slot cells.
@@ -107,6 +130,20 @@ class LlamaCppEngine:
                 1 if shared else settings["n_slots"]
             )
             sources["kv_tokens"] = "startup log: n_slots, n_ctx_slot, kv_unified"
+            if shared:
+                # Every slot is started whatever the pool holds; once it is full, the requests
+                # in flight fail ("Context size has been exceeded"): the pool decides how many
+                # run at once and complete.
+                limits.append(
+                    Limit(
+                        name="kv_unified_cells",
+                        setting=capacity["kv_tokens"],
+                        admits=1.0,
+                        source="startup log: kv_unified = 'true', n_ctx_slot cells shared",
+                        per="pool",
+                    )
+                )
+        bind(capacity, sources, limits)
         return Facts(
             engine=self.name,
             version=props.get("build_info"),
@@ -114,6 +151,7 @@ class LlamaCppEngine:
             settings=settings,
             sources=sources,
             log_lines=lines,
+            limits=limits,
         )
 
     def crash_reason(self, log: str) -> str | None:

@@ -19,9 +19,13 @@ _PREFIX = re.compile(
 )
 # The wording engines use when they change what was asked for (see the engines' warnings,
 # e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...").
-OVERRIDE = re.compile(r"Overriding|[Ff]alling back|defaulting to|[Dd]isabl|precluded")
+# vLLM 0.32 CPU: "Reducing Torch threads from 2 to 1 for serving." (utils/torch_utils.py:295),
+# "Model Runner V2 requires Triton; using the V1 model runner instead." (config/vllm.py:725).
+OVERRIDE = re.compile(
+    r"Overriding|[Ff]alling back|defaulting to|[Dd]isabl|precluded|Reducing|\binstead\b"
+)
 # Dumps of every setting mention "disable_..." by name: they are settings, not decisions.
-_DUMPS = ("server_args=", "non-default args:", "with config:")
+DUMPS = ("server_args=", "non-default args:", "with config:")
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+")
 _ARGPARSE = re.compile(r"^\S+: error: .+")
 
@@ -36,7 +40,7 @@ def override_warnings(log: str) -> tuple[dict[str, Scalar], list[str]]:
     lines: list[str] = []
     for raw in log.splitlines():
         text = message(raw)
-        if not OVERRIDE.search(text) or any(d in text for d in _DUMPS) or len(text) > 400:
+        if not OVERRIDE.search(text) or any(d in text for d in DUMPS) or len(text) > 400:
             continue
         head = re.split(r"[,.;:] ", text, maxsplit=1)[0][:80]
         settings[f"override: {head}"] = text

@@ -16,6 +16,7 @@ as implicit changes. Every version's formats are in FORMS, with where they come 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +25,8 @@ import httpx
 
 from flagtrial.engines import logfacts, promtext, pyrepr, source_flags
 from flagtrial.engines.flag_table import EngineSchema
-from flagtrial.engines.pyengine import engine_schema
-from flagtrial.facts import Facts, Limit, Scalar, binding
+from flagtrial.engines.pyengine import _marked, engine_schema, host_python
+from flagtrial.facts import Facts, Limit, Rewrite, Scalar, bind
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
@@ -123,17 +124,63 @@ _SIZED = {"engine", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_max_conc
 # order of the sources that report it: /server_info (dev mode), the args the server was
 # started with, the log line where the engine states it.
 SCHEDULER_LIMITS = {
-    "max_num_seqs": ("scheduler_config.max_num_seqs", "arg.max_num_seqs"),
+    "max_num_seqs": (
+        "scheduler_config.max_num_seqs",
+        "arg.max_num_seqs",
+        "default.max_num_seqs",
+    ),
+    # 0.32: admission into RUNNING below max_num_seqs (v1/core/sched/scheduler.py:131).
+    "max_num_active_seqs": (
+        "scheduler_config.max_num_active_seqs",
+        "arg.max_num_active_seqs",
+    ),
     "max_num_batched_tokens": (
         "scheduler_config.max_num_batched_tokens",
         "arg.max_num_batched_tokens",
         "max_num_batched_tokens_resolved",
+        "default.max_num_batched_tokens",
     ),
 }
 _SETTING_SOURCES = {
     "scheduler_config": "GET /server_info?config_format=json",
     "arg": "startup log: non-default args",
     "max_num_batched_tokens_resolved": "startup log: Chunked prefill is enabled with ...",
+    "default": "engine default: EngineArgs resolved on the host",
+}
+# The server logs max_num_seqs and max_num_batched_tokens only when they are given (the
+# engine-config line and /metrics labels leave them out), yet their defaults depend on the
+# platform (engine/arg_utils.py get_batch_defaults: 128 sequences on CPU, 1024 on an H100).
+# So the engine's own resolution runs on the host, with the interpreter the server runs
+# under, from what the server reports it was started with; it touches no device memory
+# (device names and memory come from NVML or psutil).
+DEFAULTS = """
+import json, sys
+from types import SimpleNamespace
+from vllm.engine.arg_utils import EngineArgs
+from vllm.usage.usage_lib import UsageContext
+given = json.loads(sys.argv[1])
+max_model_len = given.pop("max_model_len")
+args = EngineArgs(**given)
+args._set_default_max_num_seqs_and_batched_tokens_args(
+    UsageContext.OPENAI_API_SERVER,
+    SimpleNamespace(max_model_len=max_model_len, is_multimodal_model=False,
+                    is_mm_prefix_lm=False),
+    SimpleNamespace(use_batched_dp_moe=False),
+)
+print("\\nflagtrial-defaults " + json.dumps(
+    {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}))
+"""
+# What the defaults depend on: the engine's field, and where the server reports it.
+_DEFAULT_INPUTS = {
+    "max_num_seqs": ("arg.max_num_seqs",),
+    "max_num_batched_tokens": ("arg.max_num_batched_tokens",),
+    "tensor_parallel_size": ("tensor_parallel_size", "parallel_config.tensor_parallel_size"),
+    "pipeline_parallel_size": (
+        "pipeline_parallel_size",
+        "parallel_config.pipeline_parallel_size",
+    ),
+    "enable_chunked_prefill": ("enable_chunked_prefill", "arg.enable_chunked_prefill"),
+    "performance_mode": ("arg.performance_mode",),
 }
 
 
@@ -149,6 +196,59 @@ def scheduler_limits(settings: dict[str, Scalar]) -> list[Limit]:
                 limits.append(Limit(name=name, setting=value, admits=value, source=source))
                 break
     return limits
+
+
+# Lines where the server says it turned off or changed a setting it was started with, and
+# what it set: platforms/cpu.py:347.
+REWRITE_LINES = (
+    (re.compile(r"Dual-Batch Overlap is not supported on CPU, disabled"), "enable_dbo", False),
+)
+# The line that explains a rewrite the server reports without naming the setting. On CPU the
+# legacy VLLM_CPU_KVCACHE_SPACE wins over --kv-cache-memory-bytes (platforms/cpu.py:331);
+# the worker logs what it set (v1/worker/cpu_worker.py:228 "Explicitly set (1.0/10.96) GiB
+# for KV cache on node 0.").
+CAUSE_LINES = {"kv_cache_memory_bytes": re.compile(r"GiB for KV cache on node")}
+
+
+def _resolved(settings: dict[str, Scalar], name: str) -> Scalar:
+    """What the server reports it resolved setting `name` to: a /metrics label, the engine
+    line, a line that states it, /server_info; None where it reports nothing."""
+    keys = [f"cache_config.{name}", name, CONFIG_LINE_ALIASES.get(name), f"{name}_resolved"]
+    keys += [k for k in settings if k.endswith(f"_config.{name}")]
+    return next((settings[k] for k in keys if k in settings), None)
+
+
+def _same_kind(a: Scalar, b: Scalar) -> bool:
+    """Both numbers or both booleans: only these compare exactly across a repr and a label
+    (`float32` is logged as `torch.float32`, a list as its text)."""
+    numbers = int | float
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool)
+    return isinstance(a, numbers) and isinstance(b, numbers)
+
+
+def rewrites(settings: dict[str, Scalar], log: str) -> list[Rewrite]:
+    """Each setting the server was started with (`arg.X`, non-default args) that it reports
+    resolved to another value, with the line that says why: one naming the setting, else its
+    known cause line."""
+    texts = [logfacts.message(line) for line in log.splitlines()]
+    texts = [t for t in texts if t and not any(d in t for d in logfacts.DUMPS)]
+    got: dict[str, tuple[Scalar, str | None]] = {}
+    for pattern, name, value in REWRITE_LINES:
+        if line := next((t for t in texts if pattern.search(t)), None):
+            got[name] = (value, line)
+    found = []
+    for key, asked in settings.items():
+        name = key.removeprefix("arg.")
+        if name == key:
+            continue
+        value, line = got.get(name, (_resolved(settings, name), None))
+        if value is None or not _same_kind(asked, value) or value == asked:
+            continue
+        cause = CAUSE_LINES.get(name, re.compile(rf"\b{re.escape(name)}\b"))
+        line = line or next((t for t in texts if cause.search(t)), None)
+        found.append(Rewrite(name=name, asked=asked, got=value, cause=line))
+    return found
 
 
 def _int(text: str) -> int:
@@ -260,18 +360,18 @@ class VllmEngine:
         settings.update(warnings)
         limits = scheduler_limits({**log_settings, **settings})
         if "concurrent_requests" in capacity and "kv_tokens" in capacity:
+            block = settings.get("cache_config.block_size")
             limits.append(
                 Limit(
                     name="kv_cache_size_tokens",
                     setting=capacity["kv_tokens"],
                     admits=capacity["concurrent_requests"],
                     source=sources["concurrent_requests"],
+                    per="pool",
+                    block=float(block) if isinstance(block, int) and block > 0 else 1.0,
                 )
             )
-        bound = binding(limits)
-        if bound is not None:
-            capacity["concurrent_requests"] = bound.admits
-            sources["concurrent_requests"] = f"bound by {bound.describe()} ({bound.source})"
+        bind(capacity, sources, limits)
         return Facts(
             engine=self.name,
             version=version or str(log_settings.get("version_logged") or "") or None,
@@ -280,7 +380,35 @@ class VllmEngine:
             sources=sources,
             log_lines=lines + warning_lines,
             limits=limits,
+            rewrites=rewrites({**log_settings, **settings}, startup_log),
         )
+
+    async def with_defaults(self, target: Target, program: list[str], facts: Facts) -> Facts:
+        """The scheduler limits the server left unreported, as the engine's own code on the
+        host resolves their defaults from what the server reports it was started with."""
+        names = {limit.name for limit in facts.limits}
+        if "max_num_seqs" in names or "context_per_request" not in facts.capacity:
+            return facts
+        given: dict[str, Scalar] = {
+            field: value
+            for field, keys in _DEFAULT_INPUTS.items()
+            if (value := next((facts.settings[k] for k in keys if k in facts.settings), None))
+            is not None
+        }
+        given["max_model_len"] = int(facts.capacity["context_per_request"])
+        rc, out = await target.run(
+            [host_python(program), "-c", DEFAULTS, json.dumps(given)], timeout_s=120.0
+        )
+        found = _marked(out, "flagtrial-defaults") if rc == 0 else None
+        if found is None:
+            return facts  # another release's EngineArgs: the limits stay unreported
+        defaults = {f"default.{k}": v for k, v in found.items()}
+        limits = facts.limits + [
+            limit for limit in scheduler_limits(defaults) if limit.name not in names
+        ]
+        capacity, sources = dict(facts.capacity), dict(facts.sources)
+        bind(capacity, sources, limits)
+        return facts.model_copy(update={"limits": limits, "capacity": capacity, "sources": sources})
 
     def crash_reason(self, log: str) -> str | None:
         return logfacts.python_crash_reason(log)
