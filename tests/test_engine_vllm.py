@@ -215,10 +215,16 @@ def test_enforce_eager_trial_reverts_with_its_implicit_changes(vllm_project) -> 
 def test_capacity_guard_reverts_before_any_candidate_load(vllm_project) -> None:
     project = vllm_project('runs = 2\ncapacity_guard = "revert"\n')
     outcome, events = run_trial(
-        project, Change(edits=[Edit(op="set", name="--max-model-len", value="131072")])
+        project, Change(edits=[Edit(op="set", name="--max-num-seqs", value="256")])
     )
     assert outcome.verdict.decision == "REVERT"
-    # Four times the context per request: a quarter of the requests fit in the same KV cache.
-    loss = outcome.verdict.reasons[0]
-    assert loss.startswith("capacity loss: concurrent requests 33.09") and "(-75.0 %)" in loss
+    # The scheduler's sequence limit binds below the KV cache at the workload's length
+    # (a longer --max-model-len would not: the workload's requests still fit as many).
+    assert outcome.verdict.reasons[0] == (
+        "capacity loss: concurrent requests 1024 -> 256 (-75.0 %), bound by max_num_seqs = 256, "
+        "beyond the 5 % guardrail"
+    )
+    assert outcome.facts_before.sources["concurrent_requests"] == (
+        "bound by max_num_seqs = 1024 (GET /server_info?config_format=json)"
+    )
     assert not any(state == "measuring" for state, _ in events)

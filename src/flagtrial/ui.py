@@ -9,8 +9,9 @@ from typing import Any
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
-from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff, Limit
+from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff, Limit, Rewrite
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
 from flagtrial.redact import Redactor
@@ -85,11 +86,28 @@ def facts_table(before: Facts, after: Facts | None = None, title: str = "facts")
         if after is not None:
             row += [_admits(new), _pct(old.admits, new.admits) if old and new else ""]
         table.add_row(*row, (old or new).source)  # type: ignore[union-attr]
+    tokens = after.request_tokens if after is not None else None
+    if tokens := tokens or before.request_tokens:
+        table.caption = f"limits at {tokens:g} tokens per request (the workload's, as counted)"
+    # Settings the server resolved to something other than what it was started with.
+    rewrites = {r.name: r for r in before.rewrites}
+    rewritten = {r.name: r for r in after.rewrites} if after is not None else {}
+    for name in [*rewrites, *(n for n in rewritten if n not in rewrites)]:
+        was, now = rewrites.get(name), rewritten.get(name)
+        row = [f"  rewritten {name}", _rewrite(was)]
+        if after is not None:
+            row += [_rewrite(now), ""]
+        # The server's own line, shown as printed (it may hold brackets).
+        table.add_row(*row, Text((now or was).cause or ""))  # type: ignore[union-attr]
     return table
 
 
 def _admits(limit: Limit | None) -> str:
     return "-" if limit is None else f"{limit.admits:g} ({limit.setting:g})"
+
+
+def _rewrite(rewrite: Rewrite | None) -> str:
+    return "-" if rewrite is None else f"{rewrite.got!r} (asked {rewrite.asked!r})"
 
 
 def _pct(old: float, new: float) -> str:

@@ -198,10 +198,15 @@ def scheduler_limits(settings: dict[str, Scalar]) -> list[Limit]:
     return limits
 
 
-# Lines where the server says it turned off or changed a setting it was started with, and
-# what it set: platforms/cpu.py:347.
-REWRITE_LINES = (
+# Lines where the server says it changed a setting it was started with, and what it set (the
+# `got` group, else the value given): platforms/cpu.py:347, config/parallel.py:534.
+REWRITE_LINES: tuple[tuple[re.Pattern[str], str, Scalar], ...] = (
     (re.compile(r"Dual-Batch Overlap is not supported on CPU, disabled"), "enable_dbo", False),
+    (
+        re.compile(r"all2all backend has been removed\. Falling back to '(?P<got>\w+)'"),
+        "all2all_backend",
+        None,
+    ),
 )
 # The line that explains a rewrite the server reports without naming the setting. On CPU the
 # legacy VLLM_CPU_KVCACHE_SPACE wins over --kv-cache-memory-bytes (platforms/cpu.py:331);
@@ -233,21 +238,23 @@ def rewrites(settings: dict[str, Scalar], log: str) -> list[Rewrite]:
     known cause line."""
     texts = [logfacts.message(line) for line in log.splitlines()]
     texts = [t for t in texts if t and not any(d in t for d in logfacts.DUMPS)]
-    got: dict[str, tuple[Scalar, str | None]] = {}
+    stated: dict[str, tuple[Scalar, str]] = {}
     for pattern, name, value in REWRITE_LINES:
-        if line := next((t for t in texts if pattern.search(t)), None):
-            got[name] = (value, line)
+        for text in texts:
+            if m := pattern.search(text):
+                stated[name] = (m.groupdict().get("got", value), text)
+                break
     found = []
     for key, asked in settings.items():
         name = key.removeprefix("arg.")
         if name == key:
             continue
-        value, line = got.get(name, (_resolved(settings, name), None))
-        if value is None or not _same_kind(asked, value) or value == asked:
+        got, line = stated.get(name, (_resolved(settings, name), None))
+        if got == asked or (line is None and not _same_kind(asked, got)):
             continue
         cause = CAUSE_LINES.get(name, re.compile(rf"\b{re.escape(name)}\b"))
         line = line or next((t for t in texts if cause.search(t)), None)
-        found.append(Rewrite(name=name, asked=asked, got=value, cause=line))
+        found.append(Rewrite(name=name, asked=asked, got=got, cause=line))
     return found
 
 
