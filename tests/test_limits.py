@@ -79,13 +79,14 @@ async def _flood(url: str, n: int, prompt_words: int, max_tokens: int) -> tuple[
     tokens, or its HTTP status where it failed)."""
     peak = 0.0
     done = asyncio.Event()
-    async with httpx.AsyncClient(timeout=120.0) as client:
+    # The sampler has its own client: queued in the flood's pool, it could miss the flood.
+    async with httpx.AsyncClient(timeout=120.0) as client, httpx.AsyncClient() as sampling:
 
         async def sample() -> None:
             nonlocal peak
             while not done.is_set():
                 found = promtext.first(
-                    promtext.parse((await client.get(f"{url}/metrics")).text),
+                    promtext.parse((await sampling.get(f"{url}/metrics")).text),
                     "llamacpp:requests_processing",
                 )
                 peak = max(peak, found.value if found else 0.0)

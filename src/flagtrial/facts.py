@@ -27,9 +27,10 @@ class Limit(BaseModel):
 
     How it admits depends on a request's length (`per`): "request" admits `setting` requests
     whatever their length; "pool" is `setting` tokens every request draws from, in blocks of
-    `block` tokens (a KV cache); "context" is the most tokens one of `slots` requests may hold
-    (a request longer than that is never served). `tokens` is the request length `admits` is
-    for; None where it is the engine's own figure (vLLM's: requests of the full context)."""
+    `block` tokens, less `reserved` tokens no request can hold (a KV cache); "context" is the
+    most tokens one of `slots` requests may hold (a longer request is never served). `tokens`
+    is the request length `admits` is for; None where it is the engine's own figure (vLLM's:
+    requests of the full context)."""
 
     name: str
     setting: float
@@ -37,6 +38,7 @@ class Limit(BaseModel):
     source: str
     per: Literal["request", "pool", "context"] = "request"
     block: float = 1.0
+    reserved: float = 0.0
     slots: float | None = None
     tokens: float | None = None
 
@@ -45,7 +47,8 @@ class Limit(BaseModel):
         if self.per == "request":
             return self
         if self.per == "pool":
-            admits = float((self.setting // self.block) // math.ceil(tokens / self.block))
+            blocks = (self.setting - self.reserved) // self.block
+            admits = float(blocks // math.ceil(tokens / self.block))
         else:
             admits = float(self.slots or 0) if tokens <= self.setting else 0.0
         return self.model_copy(update={"admits": admits, "tokens": tokens})

@@ -368,6 +368,7 @@ class VllmEngine:
         limits = scheduler_limits({**log_settings, **settings})
         if "concurrent_requests" in capacity and "kv_tokens" in capacity:
             block = settings.get("cache_config.block_size")
+            size = float(block) if isinstance(block, int) and block > 0 else 1.0
             limits.append(
                 Limit(
                     name="kv_cache_size_tokens",
@@ -375,7 +376,10 @@ class VllmEngine:
                     admits=capacity["concurrent_requests"],
                     source=sources["concurrent_requests"],
                     per="pool",
-                    block=float(block) if isinstance(block, int) and block > 0 else 1.0,
+                    block=size,
+                    # The first block is the null block, never given to a request
+                    # (v1/core/block_pool.py:187); the reported size counts it.
+                    reserved=size,
                 )
             )
         bind(capacity, sources, limits)
