@@ -25,6 +25,7 @@ from flagtrial.engines.base import StartProgress, start_phases_seen
 from flagtrial.engines.llamacpp import START_PHASES as LLAMACPP
 from flagtrial.engines.sglang import START_PHASES as SGLANG
 from flagtrial.engines.vllm import START_PHASES as VLLM
+from flagtrial.errors import ServerNotReadyError
 from flagtrial.launch.execwords import literal_word, quote_word
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
@@ -135,6 +136,27 @@ def test_a_real_restart_reports_its_phases_in_order_ending_ready(llama_project: 
     assert re.match(r"\d+\.\d\d\.\d{3}\.\d{3} [IWE] ", reports[-1].last_line), reports[-1]
     elapsed = [r.elapsed_s for r in reports]
     assert elapsed == sorted(elapsed)
+
+
+def test_a_crash_at_start_ends_the_progress_without_ready(
+    tmp_path: Path, llama_server_bin: Path
+) -> None:
+    project = load_project(
+        write_llama_project(tmp_path, llama_server_bin, tmp_path / "missing.gguf", free_port())
+    )
+    reports: list[StartProgress] = []
+    session = Session(
+        project,
+        make_target(project),
+        make_engine("llamacpp"),
+        Ledger(project.ledger_path),
+        lambda state, detail: None,
+        reports.append,
+    )
+    with pytest.raises(ServerNotReadyError, match="crashed at start"):
+        asyncio.run(session.restart_and_read())
+    assert reports[-1].done and reports[-1].phase != "ready"  # the live line goes all the same
+    assert not any(r.done for r in reports[:-1])
 
 
 def test_piped_output_has_a_line_per_phase(llama_project: Path) -> None:
