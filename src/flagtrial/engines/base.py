@@ -39,8 +39,9 @@ class Phase:
 
 @dataclass(frozen=True)
 class StartProgress:
-    """Where a restart stands: seconds since the wait began, the phase, the log's last line
-    (unredacted: whoever shows it redacts it). `done` once the wait is over, however it ended."""
+    """Where a restart stands: seconds since the wait began, the phase, and a server log line
+    (the one that entered the phase when it changes, else the log's last; unredacted: whoever
+    shows it redacts it). `done` once the wait is over, however it ended."""
 
     elapsed_s: float
     phase: PhaseName
