@@ -121,7 +121,10 @@ async def open_session(
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
-    session = Session(project, target, make_engine(project.engine), open_ledger(project), notify)
+    progress = ui.RestartProgress(ui.err_console if json_out else ui.console)
+    session = Session(
+        project, target, make_engine(project.engine), open_ledger(project), notify, progress
+    )
     try:
         yield session
     finally:
@@ -660,7 +663,7 @@ def facts(
 
     async def body() -> None:
         async with (
-            open_session(project, accept_new_host_key=accept_new) as session,
+            open_session(project, accept_new_host_key=accept_new, json_out=json_out) as session,
             contextlib.AsyncExitStack() as stack,
         ):
             target = session.target

@@ -18,11 +18,33 @@ from typing import Any
 import httpx
 
 from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines.base import Phase
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import cached_table, engine_schema, version_key
 from flagtrial.facts import Facts, Scalar
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
+
+# Start phases, as a real SGLang 0.5.23 start on CPU logs them
+# (tests/fixtures/logs/sglang-0.5.23-cpu-start.log). The KV pool is sized and allocated right
+# after the weights (the line after `Load weight end` is `KV Cache is allocated`); on a GPU
+# CUDA graphs are captured next; once Uvicorn runs, a warm-up request must pass before
+# /health answers 200.
+START_PHASES = (
+    # srt/model_executor/model_runner.py:1274
+    Phase("loading weights", re.compile(r"Load weight begin")),
+    # model_runner.py:1373, srt/mem_cache/memory_pool.py, kv_pool_runtime.py (post-capture)
+    Phase(
+        "KV allocation",
+        re.compile(r"Load weight end\. elapsed|KV [Cc]ache (?:is )?allocated|KV sizing"),
+    ),
+    # model_runner_components/cuda_graph_setup.py:685 `Capture %s CUDA graph begin.`; 0.5.10
+    # model_runner.py:2446 `Capture cuda graph begin.` (`cpu graph`, `npu graph`)
+    Phase("compiling", re.compile(r"Capture .*[Gg]raph begin")),
+    Phase("warming up", re.compile(r"Uvicorn running on")),
+    # srt/entrypoints/http_server.py:2600
+    Phase("ready", re.compile(r"The server is fired up and ready to roll")),
+)
 
 
 @dataclass(frozen=True)
@@ -191,6 +213,7 @@ class SglangEngine:
     name = "sglang"
     # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
     capacity_tolerance_pct = 1.0
+    start_phases = START_PHASES
 
     def __init__(self) -> None:
         self._schema: EngineSchema | None = None
