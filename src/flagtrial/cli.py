@@ -121,7 +121,8 @@ async def open_session(
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
-    session = Session(project, target, make_engine(project.engine), open_ledger(project), notify)
+    engine = make_engine(project.engine, project.workload)
+    session = Session(project, target, engine, open_ledger(project), notify)
     try:
         yield session
     finally:

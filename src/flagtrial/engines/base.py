@@ -12,6 +12,7 @@ from flagtrial.errors import ServerNotReadyError
 from flagtrial.facts import Facts
 from flagtrial.faults import checkpoint
 from flagtrial.launch.schema import FlagSchema
+from flagtrial.load.workload import Workload
 from flagtrial.targets.base import Target
 
 POLL_S = 0.1
@@ -51,6 +52,14 @@ class ValueChecker(Protocol):
     async def check_values(self, target: Target, program: list[str], args: list[str]) -> None:
         """Raise ChangeError with the engine's own message when it rejects args."""
         ...
+
+
+@runtime_checkable
+class WorkloadSized(Protocol):
+    """An engine whose admitted concurrency depends on how long the workload's requests are
+    (SGLang reserves each request's prompt and max_tokens in its KV cache)."""
+
+    workload: Workload | None
 
 
 async def wait_ready(
