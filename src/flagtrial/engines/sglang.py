@@ -118,6 +118,12 @@ _NOT_SETTINGS = {
 }
 
 
+# Settings SGLang draws at each start unless their flag is given (0.5.23
+# srt/arg_groups/serving_hook.py:660 `random_seed=random.randint(0, 1 << 30)`): not a
+# setting of the spec. `launch_command` (/server_info) is what was asked.
+_DRAWN_AT_START = {"random_seed": "--random-seed"}
+
+
 def parse_startup_log(log: str) -> tuple[dict[str, Any], dict[str, Scalar], list[str]]:
     """(numbers from the capacity lines, settings, the lines read) of one start."""
     numbers: dict[str, Any] = {}
@@ -316,6 +322,10 @@ class SglangEngine:
             sources["context_per_request"] = "startup log: context_len"
 
         settings = flatten(body) if body else server_args_from_log(startup_log, version)
+        asked = str(body.get("launch_command") or "").split()
+        for key, flag in _DRAWN_AT_START.items():
+            if not any(word.split("=")[0] == flag for word in asked):
+                settings.pop(key, None)
         settings.update(log_settings)
         if body.get("max_req_input_len") is not None:
             settings["max_req_input_len"] = body["max_req_input_len"]
