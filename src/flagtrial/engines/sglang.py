@@ -226,7 +226,7 @@ async def _prompt_tokens(
 ) -> int | None:
     """Tokens of the workload's longest prompt as the server counts them (`POST /tokenize`,
     srt/entrypoints/http_server.py:1907; chat prompts with the chat template applied), None
-    where the server has no such endpoint."""
+    where the server has no such endpoint or does not tokenize them."""
     longest = 0
     for index in range(_SAMPLED_PROMPTS):
         text = build_prompt(index, workload.prompt_words)
@@ -238,9 +238,9 @@ async def _prompt_tokens(
         if workload.model:
             body["model"] = workload.model
         response = await client.post(f"{base_url}/tokenize", json=body)
-        if response.status_code in (404, 405):
+        if response.status_code != 200:
             return None
-        longest = max(longest, int(response.raise_for_status().json()["count"]))
+        longest = max(longest, int(response.json()["count"]))
     return longest
 
 
