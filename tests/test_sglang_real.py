@@ -106,7 +106,7 @@ def test_real_server_facts(sglang_server: SglangServer) -> None:
     numbers, _, _ = parse_startup_log(sglang_server.log())
     assert (numbers["tokens"], numbers["running"], numbers["context"]) == (KV_TOKENS, 8, 2048)
     assert any("max_total_num_tokens=2048, " in line for line in facts.log_lines)
-    # A seed drawn at each start is not a setting: two reads of two starts compare equal.
+    # A seed drawn at each start is not a setting, and nothing volatile is: two reads agree.
     assert "random_seed" not in facts.settings
     assert facts.settings == sglang_server.facts().settings
 
