@@ -122,9 +122,8 @@ async def open_session(
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
     progress = ui.RestartProgress(ui.err_console if json_out else ui.console)
-    session = Session(
-        project, target, make_engine(project.engine), open_ledger(project), notify, progress
-    )
+    engine = make_engine(project.engine, project.workload)
+    session = Session(project, target, engine, open_ledger(project), notify, progress)
     try:
         yield session
     finally:

@@ -17,6 +17,7 @@ from flagtrial.errors import ServerNotReadyError
 from flagtrial.facts import Facts
 from flagtrial.faults import checkpoint
 from flagtrial.launch.schema import FlagSchema
+from flagtrial.load.workload import Workload
 from flagtrial.targets.base import Target
 
 POLL_S = 0.1
@@ -154,6 +155,14 @@ class StartWatch:
             await self.poll(now=True)  # the phases logged since the last read
             self.phase = "ready"
         self.progress(StartProgress(time.monotonic() - self.began, self.phase, self.line, True))
+
+
+@runtime_checkable
+class WorkloadSized(Protocol):
+    """An engine whose admitted concurrency depends on how long the workload's requests are
+    (SGLang reserves each request's prompt and max_tokens in its KV cache)."""
+
+    workload: Workload | None
 
 
 async def wait_ready(

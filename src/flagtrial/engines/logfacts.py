@@ -18,8 +18,9 @@ _PREFIX = re.compile(
     r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]]*\] )?"
 )
 # The wording engines use when they change what was asked for (see the engines' warnings,
-# e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...").
-OVERRIDE = re.compile(r"Overriding|[Ff]alling back|defaulting to|[Dd]isabl|precluded")
+# e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...";
+# SGLang srt/arg_groups/overrides.py:1308 "..., will fallback to torch_native backend.").
+OVERRIDE = re.compile(r"Overriding|[Ff]all(?:ing)? ?back|defaulting to|[Dd]isabl|precluded")
 # Dumps of every setting mention "disable_..." by name: they are settings, not decisions.
 _DUMPS = ("server_args=", "non-default args:", "with config:")
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+")

@@ -87,7 +87,8 @@ def flag(action: argparse.Action, deprecated: bool) -> dict[str, Any]:
         "choices": None if choices is None else [c for c in choices if c is not None],
         "help": "" if action.help in (None, argparse.SUPPRESS) else str(action.help),
         "default": None if action.default is None else repr(action.default),
-        "deprecated": "" if deprecated else None,
+        # SGLang's Deprecated*Action keeps its replacement (`new_flag`)
+        "deprecated": (getattr(action, "new_flag", None) or "") if deprecated else None,
         "removed": False,
         "settings": [action.dest],
         "where": "",

@@ -447,6 +447,7 @@ _VALUE_PARSERS = {
     "optional_str": "str",
     "optional_int": "int",
     "optional_float": "float",
+    "parse_cuda_graph_config_arg": JSON_TYPE,  # SGLang 0.5.23 --cuda-graph-config
 }
 
 
@@ -473,8 +474,11 @@ def _action_name(node: ast.AST | None) -> str:
 
 
 def _arity(action: str, nargs: Any) -> Any:
-    """nargs as argparse applies it: 0 for switches, else what was given (None: one word)."""
+    """nargs as argparse applies it: 0 for switches (SGLang's `DeprecatedStoreTrueAction`
+    too), else what was given (None: one word)."""
     if action in ("store_true", "store_false", "store_const", "count", "boolean_optional"):
+        return 0
+    if re.search(r"Store(?:True|False)Action$", action):
         return 0
     return nargs
 
@@ -678,7 +682,18 @@ def _field_flag(
     common = {"help_": help_text, "default": default, "where": where, "settings": [field]}
     if "action" in meta:
         action = _action_name(meta["action"])
-        extra_kw = evaluator.lenient(meta.get("action_kwargs")) or {}
+        # Key by key: `{"type": str, "nargs": "*"}` names a callable the evaluator cannot
+        # give, which must not lose the nargs beside it.
+        kwargs = meta.get("action_kwargs")
+        extra_kw = (
+            {
+                k.value: evaluator.lenient(v)
+                for k, v in zip(kwargs.keys, kwargs.values, strict=True)
+                if isinstance(k, ast.Constant)
+            }
+            if isinstance(kwargs, ast.Dict)
+            else {}
+        )
         spec = _flag(
             names, field, action=action, nargs=_arity(action, extra_kw.get("nargs")), **common
         )
