@@ -614,34 +614,44 @@ def mark_deprecations(flags: list[dict[str, Any]]) -> None:
 # SGLang
 
 
-def _sglang_fields_flags(source: Source) -> list[dict[str, Any]]:
-    """SGLang >= 0.5.2x: fields of the namespace classes in `_INPUT_NAMESPACES`
-    (srt/server_args.py) become flags through `add_cli_args_from_dataclass`
-    (srt/arg_groups/arg_utils.py), whose rules `_field_flag` follows."""
+def _sglang_fields_flags(source: Source, fn: ast.FunctionDef) -> list[dict[str, Any]]:
+    """Flags of `add_cli_args_from_dataclass(parser, ServerArgs)` (srt/arg_groups/arg_utils.py,
+    0.5.14 and later), whose rules `_field_flag` follows: the annotated fields of ServerArgs,
+    after those of the namespace classes in `_INPUT_NAMESPACES` that server_args.py merges
+    into its annotations (`{**_annotations, **ServerArgs.__annotations__}`, 0.5.20 and
+    later). None where `add_cli_args` does not call it (0.5.13 and before)."""
+    if not any(_dotted(c.func) == "add_cli_args_from_dataclass" for c in _all_calls(fn)):
+        return []
     module = "sglang.srt.server_args"
     tree = source.tree(module)
     assert tree is not None
     namespaces = next(
-        node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets)
+        (
+            node.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets)
+        ),
+        ast.List(elts=[]),
     )
     assert isinstance(namespaces, ast.List)
-    flags: list[dict[str, Any]] = []
-    for element in namespaces.elts:
-        assert isinstance(element, ast.Name)
-        found = source.find_class(module, element.id)
+    classes = [_dotted(element) for element in namespaces.elts] + ["ServerArgs"]
+    # A field declared twice (0.5.15's `dcp_size`) is one field, the later declaration's.
+    fields: dict[str, dict[str, Any] | None] = {}
+    for name in classes:
+        found = source.find_class(module, name)
         if found is None:
-            raise Unresolved(f"namespace class {element.id}")
+            raise Unresolved(f"namespace class {name}")
         ns_module, cls = found
         evaluator = Evaluator(source, ns_module)
         for stmt in cls.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                spec = _field_flag(source, ns_module, stmt, evaluator)
-                if spec is not None:
-                    flags.append(spec)
-    return flags
+                fields[stmt.target.id] = _field_flag(source, ns_module, stmt, evaluator)
+    return [spec for spec in fields.values() if spec is not None]
+
+
+def _all_calls(fn: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(fn) if isinstance(node, ast.Call))
 
 
 def _field_flag(
@@ -734,7 +744,7 @@ def _declared_resolutions(source: Source) -> dict[str, list[str]]:
     field=...)` and every `@register_post_process` pass returning `{"field": ...}`."""
     out: dict[str, list[str]] = {}
     folder = source.root / "sglang" / "srt" / "arg_groups"
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.glob("*.py")):  # none before 0.5.14
         module = f"sglang.srt.arg_groups.{path.stem}"
         tree = source.tree(module)
         assert tree is not None
@@ -778,19 +788,17 @@ def _from_cli_args_renames(source: Source) -> dict[str, str]:
 
 
 def sglang_flags(source: Source) -> dict[str, Any]:
-    """SGLang's table: namespace fields plus the hand-registered flags of
-    `ServerArgs.add_cli_args` (0.5.2x), or only the latter (0.5.10: a dataclass whose
-    `add_cli_args` registers every flag by hand)."""
-    hand = hand_registered(source, "sglang.srt.server_args", _server_args_add_cli_args(source))
-    if source.path("sglang.srt.arg_groups.fields"):
-        flags = _sglang_fields_flags(source) + hand
-        resolvers = _declared_resolutions(source)
-    else:
-        flags, resolvers = hand, {}
-        renamed = _from_cli_args_renames(source)
-        for spec in flags:
-            if spec["dest"] in renamed:
-                spec["settings"] = [renamed[spec["dest"]]]
+    """SGLang's table: the dataclass fields `add_cli_args` registers (0.5.14 and later), then
+    its hand-registered flags (all of them up to 0.5.13). Resolution causes where the
+    version records them (`arg_groups/`)."""
+    fn = _server_args_add_cli_args(source)
+    flags = _sglang_fields_flags(source, fn)
+    flags += hand_registered(source, "sglang.srt.server_args", fn)
+    resolvers = _declared_resolutions(source)
+    renamed = _from_cli_args_renames(source)
+    for spec in flags:
+        if spec["dest"] in renamed:
+            spec["settings"] = [renamed[spec["dest"]]]
     mark_deprecations(flags)
     return {"flags": flags, "resolvers": resolvers}
 
