@@ -12,11 +12,14 @@ engines/parser_dump.py, as flagtrial dumps it on a host.
 
     .venv/bin/python benchmarks/reader/compare.py [vllm==0.33.0 sglang==0.5.23 ...]
 
-Writes results.json and results.md next to this file.
+Writes results.json and results.md next to this file, and each real parser's table (the
+keys compared, no help texts) to parsers/ENGINE-VERSION.json.gz:
+tests/test_source_flags_releases.py compares the static reader with those in seconds.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -126,6 +129,24 @@ def real_table(engine: str, site: Path, python: Path) -> dict[str, Any]:
     return table
 
 
+PARSERS = HERE / "parsers"
+# What a flag's parser entry decides, as `differences` compares it.
+COMPARED = ("names", "negative", "dest", "action", "nargs", "type", "choices", "deprecated")
+
+
+def recorded(flags: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for spec in flags:
+        kept = {key: spec[key] for key in COMPARED}
+        kept.update({key: True for key in ("required", "positional") if spec.get(key)})
+        out.append(kept)
+    return out
+
+
+def parser_path(engine: str, version: str) -> Path:
+    return PARSERS / f"{engine}-{version}.json.gz"
+
+
 def _by_name(flags: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {n: f for f in flags if not f.get("positional") for n in f["names"]}
 
@@ -185,6 +206,9 @@ def compare(engine: str, version: str, python: Path) -> dict[str, Any]:
     real_flags = [f for f in real["flags"] if not f.get("positional")]
     row["real_flags"] = len(real_flags)
     row["differences"] = differences(real["flags"], static["flags"])
+    PARSERS.mkdir(exist_ok=True)
+    text = json.dumps(recorded(real["flags"]), sort_keys=True).encode()
+    parser_path(engine, version).write_bytes(gzip.compress(text, mtime=0))
     return row
 
 
@@ -212,8 +236,8 @@ def main(argv: list[str]) -> int:
         row = compare(engine, version, python)
         rows.append(row)
         diffs = row.get("differences", row.get("real_error"))
-        print(f"{engine} {version}: {row['static_flags']} flags, {row.get('real_flags')} real,"
-              f" differences {len(diffs) if isinstance(diffs, list) else diffs}", flush=True)  # fmt: skip
+        count = len(diffs) if isinstance(diffs, list) else diffs
+        print(f"{engine} {version}: {row['static_flags']} flags, differences {count}", flush=True)
     if not argv:
         (HERE / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
         (HERE / "results.md").write_text(_markdown(rows))

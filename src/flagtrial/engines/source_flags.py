@@ -16,7 +16,7 @@ Output, per flag: `names` (every accepted spelling; a positional argument's name
 `dest`, `action`, `nargs`, `type`, `choices` (None: any value), `help`, `default` (a repr),
 `required`, `deprecated` (None, or the replacement named by the engine, "" when it names none),
 `removed` (the flag is registered only to stop the launch with a message), `settings` (the
-resolved-settings keys it sets), `where` (file:line of its declaration). SGLang >= 0.5.23
+resolved-settings keys it sets), `where` (file:line of its declaration). SGLang >= 0.5.17
 also yields `resolvers`: for each resolved field, the `declare_resolution(...)` sources that
 may decide it, with file:line.
 """
@@ -256,7 +256,8 @@ class Evaluator:
                 return tuple(shape.literals)
         if _dotted(func) in ("permutations", "itertools.permutations") and node.args:
             args = [self.value(a) for a in node.args]
-            size = {k.arg: self.value(k.value) for k in node.keywords}.get("r", *args[1:2] or [None])
+            size = next((self.value(k.value) for k in node.keywords if k.arg == "r"), None)
+            size = args[1] if len(args) > 1 else size
             return list(itertools.permutations(self.iterate(args[0]), size))
         if isinstance(func, ast.Attribute) and func.attr in _PURE_METHODS:
             owner = self.value(func.value)
@@ -332,7 +333,7 @@ class _Member:
 
 
 # Methods without side effects an evaluated value may call, by the owner's type.
-_PURE_METHODS: dict[str, type | tuple[type, ...]] = {
+_PURE_METHODS: dict[str, type] = {
     "keys": dict,
     "values": dict,
     "items": dict,
@@ -342,7 +343,6 @@ _PURE_METHODS: dict[str, type | tuple[type, ...]] = {
     "replace": str,
     "join": str,
 }
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,16 +558,15 @@ def _action_nargs(evaluator: Evaluator, node: ast.AST | None) -> Any:
     its `__init__`'s default (`def __init__(self, option_strings, dest, nargs=0, ...)`,
     SGLang's Deprecated*Action), else argparse's None."""
     hit = evaluator.source.lookup(evaluator.module, _dotted(node)) if node is not None else None
-    cls = hit[1] if hit and isinstance(hit[1], ast.ClassDef) else None
-    init = _method(cls, "__init__") if cls else None
-    if init is None:
+    init = _method(hit[1], "__init__") if hit and isinstance(hit[1], ast.ClassDef) else None
+    if hit is None or init is None:
         return None
     params = init.args.args[len(init.args.args) - len(init.args.defaults) :]
     defaults = dict(zip([a.arg for a in params], init.args.defaults, strict=True))
     defaults.update(
         (a.arg, d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True) if d
     )
-    return Evaluator(evaluator.source, hit[0]).lenient(defaults.get("nargs"))  # type: ignore[index]
+    return Evaluator(evaluator.source, hit[0]).lenient(defaults.get("nargs"))
 
 
 def _action_name(node: ast.AST | None) -> str:
@@ -670,6 +669,10 @@ def _calls_in(fn: ast.AST, method: str) -> Iterator[ast.Call]:
             yield node
 
 
+def _all_calls(fn: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(fn) if isinstance(node, ast.Call))
+
+
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     return next(
         (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name),
@@ -741,7 +744,7 @@ def _sglang_fields_flags(source: Source, fn: ast.FunctionDef) -> list[dict[str, 
     0.5.14 and later), whose rules `_field_flag` follows: the annotated fields of ServerArgs,
     after those of the namespace classes in `_INPUT_NAMESPACES` that server_args.py merges
     into its annotations (`{**_annotations, **ServerArgs.__annotations__}`, 0.5.20 and
-    later). None where `add_cli_args` does not call it (0.5.13 and before)."""
+    later). Nothing where `add_cli_args` does not call it (0.5.13 and before)."""
     if not any(_dotted(c.func) == "add_cli_args_from_dataclass" for c in _all_calls(fn)):
         return []
     module = "sglang.srt.server_args"
@@ -770,10 +773,6 @@ def _sglang_fields_flags(source: Source, fn: ast.FunctionDef) -> list[dict[str, 
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 fields[stmt.target.id] = _field_flag(source, ns_module, stmt, evaluator)
     return [spec for spec in fields.values() if spec is not None]
-
-
-def _all_calls(fn: ast.AST) -> Iterator[ast.Call]:
-    return (node for node in ast.walk(fn) if isinstance(node, ast.Call))
 
 
 def _field_flag(
