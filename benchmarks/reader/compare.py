@@ -73,14 +73,6 @@ from sglang.srt.server_args import ServerArgs
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
 """
-# vLLM 0.33's EnableDisableAction keeps `--no-enable-x` registered but leaves it out of the
-# action's option strings (vllm/utils/argparse_utils.py:148, hidden from help): every
-# spelling the parser accepts is its `_option_string_actions`.
-ACCEPTED_SPELLINGS = """
-for _option, _action in parser._option_string_actions.items():
-    if _option not in _action.option_strings:
-        _action.option_strings.append(_option)
-"""
 # PyPI's torchvision is a CUDA build: its fake-op registrations fail on CPU torch
 # (/work/wt/sglang-findings.md); registered only where its ops loaded.
 _FAKE = re.compile(r'^@torch\.library\.register_fake\(("torchvision::\w+")\)', re.M)
@@ -110,7 +102,7 @@ def real_table(engine: str, site: Path, python: Path) -> dict[str, Any]:
     if engine == "sglang":
         path.append(str(sglang_deps(python)))
     env = {**os.environ, "PYTHONPATH": ":".join(path), "VLLM_TARGET_DEVICE": "cpu"}
-    builder = (SGLANG_BUILDER if engine == "sglang" else vllm.PARSER) + ACCEPTED_SPELLINGS
+    builder = SGLANG_BUILDER if engine == "sglang" else vllm.PARSER
     dump = Path(parser_dump.__file__).read_text()
     proc = subprocess.run(
         [str(python), "-c", dump, builder],

@@ -727,13 +727,15 @@ def replacement(new_flag: str) -> str:
 
 
 def mark_deprecations(flags: list[dict[str, Any]]) -> None:
-    """A flag is deprecated when its help starts so, or says that it, by name, is."""
+    """A flag is deprecated when its help starts so, or says that it, by name, is; the flag a
+    replacement names is written as help texts give it (see `replacement`)."""
     for spec in flags:
         text = spec["help"]
         own = any(re.search(rf"{re.escape(n)}\W{{0,3}}is deprecated", text) for n in spec["names"])
-        if spec["deprecated"] or not (
-            spec["deprecated"] == "" or _DEPRECATED_HEAD.search(text) or own
-        ):
+        if spec["deprecated"]:
+            spec["deprecated"] = replacement(spec["deprecated"])
+            continue
+        if not (spec["deprecated"] == "" or _DEPRECATED_HEAD.search(text) or own):
             continue
         m = _REPLACEMENT.search(text[:300])
         spec["deprecated"] = m.group(1).rstrip(".") if m else ""
