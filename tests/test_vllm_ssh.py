@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,9 @@ def test_the_units_cgroup_is_its_own_load_over_ssh(
     server = _own_ticks(before, after, set(procs))
     assert _own_ticks(before, after, set(engine)) > 0
     assert load.own_cores * USER_HZ * load.seconds == pytest.approx(server)
+    # The same samples without the unit's cgroup and with no server named: all foreign.
+    stranger = foreign_load(*(replace(x, unit_pids=frozenset()) for x in (before, after)), None)
+    assert (stranger.cpu_cores - load.cpu_cores) * USER_HZ * load.seconds >= server * 0.9
     host.reset_unit(UNIT)
 
 
@@ -271,9 +275,10 @@ def test_the_process_groups_load_is_the_servers_own(
     assert _own_ticks(before, after, engine) > 0
     server = _own_ticks(before, after, set(group))
     assert load.own_cores * USER_HZ * load.seconds >= server
-    # The server's CPU is not in the foreign count: both fit in what the machine was busy.
-    busy = after.busy_ticks - before.busy_ticks
-    assert load.cpu_cores * USER_HZ * load.seconds <= busy - server + 1
+    # Seen as a stranger's, the same processes would be foreign load: the server's CPU is
+    # what leaves the foreign count.
+    stranger = foreign_load(before, after, None, os.getpid())
+    assert (stranger.cpu_cores - load.cpu_cores) * USER_HZ * load.seconds >= server * 0.9
 
 
 def test_a_process_target_restart_leaves_none_of_the_old_group(vllm_server: VllmServer) -> None:

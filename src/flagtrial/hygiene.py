@@ -11,13 +11,14 @@ server's processes are all that its supervisor counts as the server's, with thei
 the process group it leads (the process target starts it in a session of its own) and, for a
 systemd unit, every process in the unit's cgroup; a multi-process server's workers (vLLM's
 engine core, SGLang's scheduler) do its work, and one that left the server's process tree
-(reparented by a double fork, or started by systemd beside the main process) is still its own. What
-is left is everybody else's, in cores. GPU: utilisation and compute processes from nvidia-smi
-where there is one; a compute process outside the server's tree is foreign. `disturbed` says
-whether that load can have slowed the run.
+(reparented by a double fork, or started by systemd beside the main process) is still its
+own. What is left is everybody else's, in cores. GPU: utilisation and compute processes from
+nvidia-smi where there is one; a compute process not among the server's is foreign.
+`disturbed` says whether that load can have slowed the run.
 
 A sample is the text of one shell command (SAMPLE_SHELL), so the same parser serves this
-machine (`sample_local`) and a remote one (`Target.run(["sh", "-c", SAMPLE_SHELL])`).
+machine (`sample_local`) and a remote one (`Target.run(["sh", "-c", SAMPLE_SHELL, "sh",
+UNIT])`).
 """
 
 from __future__ import annotations
