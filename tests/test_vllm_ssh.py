@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -77,6 +78,11 @@ def host(
     binds = [venv, base_interpreter(venv), hf_model]
     shared = tmp_path_factory.mktemp("shared")
     with systemd_host(N, shared, tmp_path_factory.mktemp("ft-host"), binds) as h:
+        # vLLM's compile cache as this machine has it (keyed by model, config and build, all
+        # at the same paths inside): a cold one would cost minutes of compiling per start.
+        cache = Path.home() / ".cache" / "vllm"
+        if cache.is_dir():
+            shutil.copytree(cache, Path(f"/proc/{h.leader}/root/root/.cache/vllm"))
         try:
             yield h
         finally:
