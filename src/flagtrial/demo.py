@@ -148,6 +148,7 @@ def write_vllm_unit(path: Path, python: Path, model: Path, port: int) -> None:
 
 def write_vllm_project(path: Path, unit: str, port: int) -> None:
     # 4 requests in flight: what the candidate still admits, so it has nothing to gain.
+    # Runs of about a second against 30 s restarts: more runs narrow the interval cheaply.
     path.write_text(
         "# flagtrial demo project\n"
         'target = "process"\n'
@@ -159,13 +160,15 @@ def write_vllm_project(path: Path, unit: str, port: int) -> None:
         "[workload]\n"
         "concurrency = [4]\n"
         "prompt_words = 16\n"
-        "max_tokens = 32\n"
-        "requests_per_run = 8\n"
-        "warmup_requests = 2\n"
+        "max_tokens = 64\n"
+        "requests_per_run = 32\n"
+        "warmup_requests = 4\n"
         "run_timeout_s = 60\n"
         "\n"
         "[policy]\n"
         "capacity_loss_max_pct = 5.0\n"
+        "runs = 5\n"
+        "recheck_runs = 5\n"
     )
 
 
