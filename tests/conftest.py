@@ -15,8 +15,8 @@ from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port
 from flagtrial.modelgen import generate_model
 
-# The real vLLM server's fixtures (vllm_bin, hf_model, vllm_server).
-pytest_plugins = ["vllm_fixtures"]
+# The real vLLM and SGLang servers' fixtures (vllm_server, sglang_server, ...).
+pytest_plugins = ["vllm_fixtures", "sglang_fixtures"]
 
 
 @pytest.fixture(scope="session")

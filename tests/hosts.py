@@ -2,7 +2,9 @@
 
 `systemd_host(n, shared_dir, workdir)` boots the root that scripts/make-test-root.sh builds
 as machine `ft-N` at 10.200.N.2 (this machine is 10.200.N.1 on a veth pair), with its own
-systemd, journald and sshd, and `shared_dir` mounted read-only at /opt/shared. Tests reach
+systemd, journald and sshd, and `shared_dir` mounted read-only at /opt/shared (and each of
+`binds` read-only at its own path: a venv's absolute paths and shebangs work inside as they do
+here). Tests reach
 it over SSH with the test key and a known_hosts file that holds its real host key, so host
 keys are checked strictly. Traffic goes only to that address.
 
@@ -19,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,7 +209,9 @@ def _wait_port(addr: str, port: int, deadline: float) -> None:
 
 
 @contextlib.contextmanager
-def systemd_host(n: int, shared_dir: Path, workdir: Path) -> Iterator[SystemdHost]:
+def systemd_host(
+    n: int, shared_dir: Path, workdir: Path, binds: Sequence[Path] = ()
+) -> Iterator[SystemdHost]:
     """Boot container ft-N; stop it and remove its network afterwards, also on failure."""
     if not 1 <= n <= 254:
         raise ValueError("n must be in 1..254")
@@ -234,6 +238,7 @@ def systemd_host(n: int, shared_dir: Path, workdir: Path) -> Iterator[SystemdHos
                     f"--network-namespace-path=/run/netns/{name}",
                     "--volatile=overlay",
                     f"--bind-ro={shared_dir}:/opt/shared",
+                    *(f"--bind-ro={path}" for path in binds),
                     "--console=read-only",
                 ],
                 stdin=subprocess.DEVNULL,
@@ -283,14 +288,25 @@ def llama_host(
         yield h
 
 
-def ssh_project(host: SystemdHost, path: Path, unit_text: str, tables: str) -> Path:
-    """Install llama.service with `unit_text` on the host and write a project file for it
-    (strict host keys, the test key, no ~/.ssh/config); `tables` adds [workload], [policy]."""
-    host.reset_unit("llama.service")
-    host.install_unit("llama.service", unit_text)
+def ssh_project(
+    host: SystemdHost,
+    path: Path,
+    unit_text: str,
+    tables: str,
+    *,
+    unit: str = "llama.service",
+    top: str = "",
+    endpoint: str | None = None,
+    ready_timeout_s: float = 30,
+) -> Path:
+    """Install `unit` (llama.service) with `unit_text` on the host and write a project file
+    for it (strict host keys, the test key, no ~/.ssh/config); `top` adds top-level keys
+    (`engine = ...`), `tables` adds [workload], [policy]."""
+    host.reset_unit(unit)
+    host.install_unit(unit, unit_text)
     path.write_text(
-        f'target = "{host.url}"\nunit = "llama.service"\nendpoint = "{host.endpoint}"\n'
-        "ready_timeout_s = 30\n"
+        f'target = "{host.url}"\nunit = "{unit}"\nendpoint = "{endpoint or host.endpoint}"\n'
+        f"ready_timeout_s = {ready_timeout_s:g}\n{top}"
         f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
         'ssh_config = "/dev/null"\nconnect_timeout_s = 5\n' + tables
     )

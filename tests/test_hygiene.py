@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from flagtrial.hygiene import (
     SAMPLE_SHELL,
+    LoadSample,
     disturbed,
     foreign_load,
     parse_sample,
@@ -121,6 +123,72 @@ def test_the_servers_process_tree_is_not_foreign() -> None:
         assert as_stranger.cpu_cores - as_server.cpu_cores >= worker_cores * 0.9
     finally:
         _kill_tree(server)
+
+
+def test_a_worker_outside_the_servers_tree_but_in_its_group_is_not_foreign() -> None:
+    """A 'server' in a session of its own (as the process target starts it) whose busy
+    worker left its tree by a double fork: the worker's parent is gone, its process group
+    is still the server's."""
+    busy = f"{sys.executable} -c 'while True: pass'"
+    server = subprocess.Popen(["sh", "-c", f"({busy} &); exec sleep 600"], start_new_session=True)
+    try:
+        while True:
+            s = sample_local()
+            worker = [p for p in s.procs.values() if p.pgid == server.pid and p.name != "sleep"]
+            if worker and worker[0].ppid != server.pid and worker[0].name.startswith("python"):
+                break
+            time.sleep(0.05)
+        pid = worker[0].pid
+        before = sample_local()
+        _spin_until_cpu(pid, before.procs[pid].ticks + 50)
+        after = sample_local()
+        load = foreign_load(before, after, server_pid=server.pid)
+        assert not any(p.ppid == server.pid for p in after.procs.values())  # no tree
+        assert all(p != pid for _, p, _ in load.top)
+        worker_ticks = after.procs[pid].ticks - before.procs[pid].ticks
+        assert load.own_cores * 100 * load.seconds >= worker_ticks
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+
+
+UNIT_SAMPLE = """100.0 100.0
+@@flagtrial-hygiene@@
+cpu  400 0 0 1000 0 0 0 0 0 0
+cpu0 200 0 0 500 0 0 0 0 0 0
+cpu1 200 0 0 500 0 0 0 0 0 0
+@@flagtrial-hygiene@@
+700 (python3) S 1 700 700 0 -1 4194560 1 0 0 0 {main} 0 0 0 20 0 4 0 100 1 1
+710 (VLLM::EngineCor) S 1 710 710 0 -1 4194560 1 0 0 0 {core} 0 0 0 20 0 4 0 100 1 1
+711 (pt_worker) S 710 710 710 0 -1 4194560 1 0 0 0 {core} 0 0 0 20 0 4 0 100 1 1
+800 (stress) R 1 800 800 0 -1 4194560 1 0 0 0 {other} 0 0 0 20 0 1 0 100 1 1
+@@flagtrial-hygiene@@
+@@flagtrial-hygiene@@
+@@flagtrial-hygiene@@
+700
+710
+"""
+
+
+def test_the_units_cgroup_is_the_servers_own_load() -> None:
+    """A systemd unit's processes (SAMPLE_SHELL's last section: its cgroup), here an engine
+    core systemd sees in the unit although it is nobody's child in the server's tree, and
+    that core's own child: all the server's; only the stranger is foreign."""
+    before = parse_sample(UNIT_SAMPLE.format(main=0, core=0, other=0))
+    after = parse_sample(
+        UNIT_SAMPLE.format(main=10, core=30, other=50).replace("100.0 100.0", "101.0 100.0")
+    )
+    assert after.unit_pids == {700, 710}
+    load = foreign_load(before, after, server_pid=700)
+    assert [pid for _, pid, _ in load.top] == [800]
+    assert load.own_cores == pytest.approx(0.7)  # 10 + 30 + 30 ticks in one second
+
+    # Without the cgroup section (a sample that named no unit) the core is a stranger.
+    def plain(sample: LoadSample) -> LoadSample:
+        return dataclasses.replace(sample, unit_pids=frozenset())
+
+    stranger = foreign_load(plain(before), plain(after), server_pid=700)
+    assert sorted(pid for _, pid, _ in stranger.top) == [710, 711, 800]
 
 
 NVIDIA_SMI_SAMPLE = """123.45 100.00

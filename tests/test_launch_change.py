@@ -211,3 +211,18 @@ def test_a_hostile_value_reaches_the_real_server_verbatim(
     models = httpx.get(f"{url}/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == [HOSTILE_ALIAS]
     assert not Path("/tmp/flagtrial-pwned").exists()
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        [Edit(op="set", name="-np", value="4"), Edit(op="set", name="--parallel", value="5")],
+        [Edit(op="add", name="--alias", value="x"), Edit(op="remove", name="--alias")],
+        [Edit(op="setenv", name="OMP_NUM_THREADS", value="2"),
+         Edit(op="unsetenv", name="OMP_NUM_THREADS")],
+    ],
+)  # fmt: skip
+def test_one_edit_per_flag_or_variable(llama: FlagSchema, edits: list[Edit]) -> None:
+    """Which of two edits of one flag would win is an accident of their order: refused."""
+    with pytest.raises(ChangeError, match="is edited twice in this change"):
+        apply_change(parse_unit(UNIT), Change(edits=edits), llama)

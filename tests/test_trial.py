@@ -266,7 +266,7 @@ def test_server_killed_mid_measurement_rolls_back(project: Project) -> None:
             os.killpg(pid, signal.SIGKILL)
 
     session = project.session(on_event=kill_candidate)
-    change = Change(edits=[Edit(op="set", name="--threads", value="1")])
+    change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
     outcome = asyncio.run(Trial(session, change).run())
     assert outcome.verdict.decision == "REVERT"
     assert "server died during the candidate measurement" in outcome.verdict.reasons[0]

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from flagtrial.demo import free_port
 from flagtrial.engines import promtext, source_flags
 from flagtrial.engines.pyengine import (
     engine_schema,
@@ -22,7 +27,7 @@ from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import MODULE, VllmServer, run_trial, write_vllm_project
+from vllm_fixtures import MODULE, VllmServer, VllmTrials, run_trial
 
 
 def read_facts(server: VllmServer) -> Facts:
@@ -162,33 +167,192 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     assert waiting > 0
 
 
+# The known-good the trials below start from (the read-only tests' too: no restart between).
+SEQS_8 = ("--max-num-seqs", "8")
+# A flag the CPU build accepts and ignores: with VLLM_CPU_KVCACHE_SPACE set, the KV cache is
+# that size whatever the memory fraction (platforms/cpu.py, v1/worker/cpu_worker.py), and
+# the fraction is not in the compile cache's key (config/cache.py compute_hash).
+NO_OP = Change(edits=[Edit(op="add", name="--gpu-memory-utilization", value="0.5")])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _gone(pids: list[int]) -> bool:
+    return all(_state(pid) in (None, "Z") for pid in pids)
+
+
 @pytest.mark.slow
-def test_fewer_sequences_revert_with_the_binding_limit_named(
-    tmp_path: Path, vllm_bin: Path, hf_model: Path
+def test_a_value_the_engine_refuses_at_start_reverts_with_its_cause(
+    vllm_trials: VllmTrials,
 ) -> None:
-    """Three real starts: the known-good (max_num_seqs 8), the candidate (2), the restore."""
-    project = write_vllm_project(
-        tmp_path, vllm_bin, hf_model, free_port(), "--max-num-seqs", "8",
-        policy='runs = 2\ncapacity_guard = "revert"\n',
-    )  # fmt: skip
-    stopped: list[int] = []
-    change = Change(edits=[Edit(op="set", name="--max-num-seqs", value="2")])
-    outcome, events = run_trial(project, change, stopped)
+    """`--num-gpu-blocks-override 4` passes every check before a start (a positive int); the
+    engine core refuses it once it sizes the KV cache: 4 blocks cannot hold one request of
+    512 tokens. Its traceback's last line is the cause, not the API server's "Engine core
+    initialization failed. See root cause above." printed after it. Two starts: the
+    candidate, which fails, and the restore."""
+    server = vllm_trials.serve(*SEQS_8)
+    known = server.target.spec_path.read_bytes()
+    change = Change(edits=[Edit(op="add", name="--num-gpu-blocks-override", value="4")])
+    outcome, events = run_trial(server.project, change, stop=False)
+    assert outcome.verdict.decision == "REVERT"
+    assert re.fullmatch(
+        r"server crashed at start(?: \(exit \d+\))?: ValueError: To serve at least one request "
+        r"with the model's max seq len \(512\), .*",
+        outcome.verdict.reasons[0],
+    ), outcome.verdict.reasons
+    assert outcome.facts_after is None
+    assert not any(state == "measuring" for state, _ in events)
+    assert outcome.restore is not None and outcome.restore.verified
+    assert server.target.spec_path.read_bytes() == known
+    assert outcome.restore.facts.capacity == outcome.facts_before.capacity
+
+
+@pytest.mark.slow
+def test_a_flag_that_changes_nothing_on_cpu_is_no_effect(vllm_trials: VllmTrials) -> None:
+    """Measured with both arms: no KEEP, no REVERT. Two starts: the candidate and the
+    known-good's re-check, which the trial ends on (nothing left to restore)."""
+    # 99 %, as the A/A trial on llama-server (tests/test_trial.py): a busy machine's noise
+    # must not pass for an effect.
+    server = vllm_trials.serve(*SEQS_8, policy="confidence = 0.99\n")
+    known = server.target.spec_path.read_bytes()
+    outcome, _ = run_trial(server.project, NO_OP, stop=False)
+    assert outcome.diff is not None
+    assert [c.pct for c in outcome.diff.capacity] == [0.0] * len(outcome.diff.capacity)
+    assert outcome.facts_after is not None
+    assert outcome.facts_after.settings["arg.gpu_memory_utilization"] == 0.5
+    assert outcome.verdict.decision == "INCONCLUSIVE", outcome.verdict.reasons
+    assert outcome.verdict.finding in ("equivalent", "unresolved")
+    assert outcome.outcome == "reverted"
+    assert outcome.restore is not None and outcome.restore.verified
+    assert server.target.spec_path.read_bytes() == known
+
+
+@pytest.mark.slow
+def test_engine_core_killed_mid_measurement_reverts(vllm_trials: VllmTrials) -> None:
+    """The engine core (`VLLM::EngineCore` in the server's process group) is killed after the
+    candidate's first run: the trial REVERTs and restores. Two starts."""
+    server = vllm_trials.serve(*SEQS_8)
+    known = server.target.spec_path.read_bytes()
+    killed: list[int] = []
+
+    def kill_engine_core(state: str, detail: str) -> None:
+        if state == "run" and detail.startswith("candidate") and not killed:
+            leader = server.leader()
+            group = ProcessTarget.group_members(leader)
+            core = [pid for pid in group if _cmdline(pid).startswith(b"VLLM::EngineCore")]
+            assert len(core) == 1, {pid: _cmdline(pid) for pid in group}
+            os.kill(core[0], signal.SIGKILL)
+            killed.append(core[0])
+            # The API server exits once it sees its engine core gone.
+            deadline = time.monotonic() + 30
+            while not _gone([leader]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    outcome, _ = run_trial(server.project, NO_OP, notify=kill_engine_core, stop=False)
+    assert killed
     assert outcome.verdict.decision == "REVERT"
     assert outcome.verdict.reasons[0] == (
-        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_num_seqs = 2, "
-        "beyond the 5 % guardrail"
-    )
-    assert not any(state == "measuring" for state, _ in events)
-    assert outcome.facts_before.version == outcome.facts_after.version == "0.32.0"
+        "server died during the candidate measurement (c=8, run 2)"
+    ), outcome.verdict.reasons
     assert outcome.restore is not None and outcome.restore.verified
-    assert outcome.restore.facts.capacity["concurrent_requests"] == 8
-    explicit = {c.name for c in outcome.diff.explicit}
-    assert "arg.max_num_seqs" in explicit
-    # API server, engine core and worker: all of them gone once the server is stopped.
-    assert len(stopped) >= 3
-    left = {pid: _state(pid) for pid in stopped}
-    assert {pid: s for pid, s in left.items() if s not in (None, "Z")} == {}
+    assert server.target.spec_path.read_bytes() == known
+
+
+@pytest.mark.slow
+def test_flagtrial_killed_during_the_candidate_start_then_recover(
+    vllm_trials: VllmTrials,
+) -> None:
+    """kill -9 of flagtrial while the candidate starts (the `waiting` fault point; the
+    known-good is already serving, so the first wait is the candidate's). The candidate
+    keeps starting on its own; `recover` stops all of its processes, restores the known-good
+    and verifies it. Two starts: the candidate and the restore."""
+    server = vllm_trials.serve(*SEQS_8)
+    known = server.target.spec_path.read_bytes()
+    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": "waiting=KILL"}
+    cli = [sys.executable, "-m", "flagtrial"]
+    project = ["--project", str(server.project)]
+    killed = subprocess.run(
+        [*cli, "trial", "--add", "--gpu-memory-utilization=0.5", *project],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert server.target.spec_path.read_bytes() != known  # the candidate is installed
+    # The orphaned candidate spawns its engine core and worker: all three must go.
+    candidate = server.leader()
+    deadline = time.monotonic() + 120
+    while len(ProcessTarget.group_members(candidate)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    orphans = ProcessTarget.group_members(candidate)
+    assert len(orphans) >= 3, {pid: _cmdline(pid) for pid in orphans}
+    env["FLAGTRIAL_FAULTS"] = ""
+    recovered = subprocess.run(
+        [*cli, "recover", *project], capture_output=True, text=True, timeout=400, env=env
+    )
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "facts match the known-good" in recovered.stdout + recovered.stderr
+    assert server.target.spec_path.read_bytes() == known
+    assert _gone(orphans)
+    history = subprocess.run(
+        [*cli, "history", "--json", *project], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert json.loads(history.stdout)["trials"][-1]["state"] == "recovered"
+
+
+@pytest.mark.slow
+def test_a_larger_token_budget_keeps_on_a_measured_gain(vllm_trials: VllmTrials) -> None:
+    """A known-good whose scheduler takes 8 tokens a step (`--max-num-batched-tokens 8`:
+    each 200-token prompt is prefilled in chunks of 8) against 2048. Measured by hand on
+    this 2-core machine, 5 runs each: 237-526 tok/s against 930-1213 (2.7x); the known-good's
+    runs vary by a third, so 8 runs before and 8 in the re-check. The scheduler admits 8
+    requests either way. Four starts: the known-good, the candidate, the known-good's
+    re-check, the candidate again to keep it."""
+    server = vllm_trials.serve(
+        *SEQS_8, "--max-num-batched-tokens", "8", policy="runs = 8\nrecheck_runs = 8\n"
+    )
+    change = Change(edits=[Edit(op="set", name="--max-num-batched-tokens", value="2048")])
+    outcome, _ = run_trial(server.project, change, stop=False)
+    assert outcome.verdict.decision == "KEEP", outcome.verdict.reasons
+    assert outcome.outcome == "kept"
+    gain = next(
+        e for e in outcome.verdict.effects if (e.metric, e.concurrency) == ("output_tok_s", 8)
+    )
+    assert gain.pct > 50.0, gain
+    assert outcome.diff is not None
+    assert [c.pct for c in outcome.diff.capacity] == [0.0] * len(outcome.diff.capacity)
+    assert b"--max-num-batched-tokens 2048" in server.target.spec_path.read_bytes()
+    assert outcome.facts_after is not None
+    assert outcome.facts_after.settings["arg.max_num_batched_tokens"] == 2048
+
+
+@pytest.mark.slow
+def test_demo_vllm_reverts_fewer_sequences_with_the_binding_limit_named(
+    vllm_trials: VllmTrials, tmp_path: Path
+) -> None:
+    """`flagtrial demo --engine vllm`, its own server (the module's is stopped first): three
+    starts, the known-good, the candidate and the known-good's re-check."""
+    vllm_trials.stop()
+    workdir = tmp_path / "demo"
+    env = {**os.environ, "COLUMNS": "250"}
+    result = subprocess.run(
+        [sys.executable, "-m", "flagtrial", "demo", "--engine", "vllm", "--dir", str(workdir)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "REVERT trial 1" in out
+    assert (
+        "capacity loss: concurrent requests 8 -> 4 (-50.0 %), bound by max_num_seqs = 4, "
+        "beyond the 5 % guardrail"
+    ) in out
+    assert "restored generation 1, verified" in out
+    # The demo stops its server: no process of its group is left.
+    pid = json.loads((workdir / ".flagtrial" / "process" / "server.json").read_text())["pid"]
+    assert ProcessTarget.group_members(pid) == []
 
 
 def _state(pid: int) -> str | None:

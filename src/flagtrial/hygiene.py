@@ -6,13 +6,19 @@ recognised and set aside, never averaged in.
 
 CPU: the machine's busy time from /proc/stat (steal included: a hypervisor handing our vCPU to
 another guest is foreign load too) minus the CPU time, from /proc/<pid>/stat, of the server's
-process tree (all threads, workers and reaped children) and of flagtrial's own process. What
-is left is everybody else's, in cores. GPU: utilisation and compute processes from nvidia-smi
-where there is one; a compute process outside the server's tree is foreign. `disturbed` says
-whether that load can have slowed the run.
+processes (all threads, workers and reaped children) and of flagtrial's own process. The
+server's processes are all that its supervisor counts as the server's, with their descendants:
+the process group it leads (the process target starts it in a session of its own) and, for a
+systemd unit, every process in the unit's cgroup; a multi-process server's workers (vLLM's
+engine core, SGLang's scheduler) do its work, and one that left the server's process tree
+(reparented by a double fork, or started by systemd beside the main process) is still its
+own. What is left is everybody else's, in cores. GPU: utilisation and compute processes from
+nvidia-smi where there is one; a compute process not among the server's is foreign.
+`disturbed` says whether that load can have slowed the run.
 
 A sample is the text of one shell command (SAMPLE_SHELL), so the same parser serves this
-machine (`sample_local`) and a remote one (`Target.run(["sh", "-c", SAMPLE_SHELL])`).
+machine (`sample_local`) and a remote one (`Target.run(["sh", "-c", SAMPLE_SHELL, "sh",
+UNIT])`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flagtrial.targets.base import Target
+from flagtrial.targets.systemd import SystemdTarget
 
 # The Linux user-space tick of /proc/stat and /proc/<pid>/stat: 100 Hz on every mainstream
 # architecture (USER_HZ is fixed by the kernel ABI, independent of CONFIG_HZ).
@@ -35,12 +42,22 @@ _APPS_QUERY = (
     "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits"
 )
 
+# The processes of the systemd unit named by $1 (none without one): every cgroup.procs under
+# its cgroup, on the unified hierarchy (cgroup v2, or hybrid's) or on v1's systemd one.
+_UNIT_PROCS = (
+    '[ -n "${1:-}" ] && cg=$(systemctl show -p ControlGroup --value -- "$1" 2>/dev/null) && '
+    '[ -n "$cg" ] && for d in /sys/fs/cgroup/unified /sys/fs/cgroup/systemd /sys/fs/cgroup; do '
+    'if [ -d "$d$cg" ]; then find "$d$cg" -name cgroup.procs -exec cat {} + 2>/dev/null; '
+    "break; fi; done"
+)
 # One command, so a remote sample costs one round trip. `cat` of many stat files at once:
-# a process that exits meanwhile is skipped (2>/dev/null), the others are read.
+# a process that exits meanwhile is skipped (2>/dev/null), the others are read. Run as
+# `sh -c SAMPLE_SHELL sh [UNIT]`.
 SAMPLE_SHELL = (
     f"cat /proc/uptime; echo {_SEP}; cat /proc/stat; echo {_SEP}; "
     f"cat /proc/[0-9]*/stat 2>/dev/null; echo {_SEP}; "
-    f"{_GPU_QUERY} 2>/dev/null; echo {_SEP}; {_APPS_QUERY} 2>/dev/null; exit 0"
+    f"{_GPU_QUERY} 2>/dev/null; echo {_SEP}; {_APPS_QUERY} 2>/dev/null; echo {_SEP}; "
+    f"{_UNIT_PROCS}; exit 0"
 )
 
 
@@ -48,6 +65,7 @@ SAMPLE_SHELL = (
 class Proc:
     pid: int
     ppid: int
+    pgid: int
     name: str
     ticks: int  # utime + stime of all its threads
     reaped_ticks: int  # cutime + cstime: children it has waited for
@@ -72,6 +90,7 @@ class LoadSample:
     procs: dict[int, Proc]
     gpu_util_pct: dict[int, float]  # GPU index -> utilisation; empty without nvidia-smi
     gpu_procs: tuple[GpuProc, ...]
+    unit_pids: frozenset[int] = frozenset()  # the systemd unit's cgroup, when one was named
 
 
 @dataclass(frozen=True)
@@ -127,10 +146,11 @@ def _parse_pid_stats(text: str) -> dict[int, Proc]:
         f = rest.split()
         if len(f) < 20 or not pid_text.strip().isdigit():
             continue
-        # after comm (1-based): ppid 2, utime 12, stime 13, cutime 14, cstime 15, starttime 20
+        # after comm (1-based): ppid 2, pgrp 3, utime 12, stime 13, cutime 14, cstime 15,
+        # starttime 20
         pid = int(pid_text)
         ticks, reaped = int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
-        procs[pid] = Proc(pid, int(f[1]), name, ticks, reaped, int(f[19]))
+        procs[pid] = Proc(pid, int(f[1]), int(f[2]), name, ticks, reaped, int(f[19]))
     return procs
 
 
@@ -157,8 +177,8 @@ def _parse_gpu(util_csv: str, apps_csv: str) -> tuple[dict[int, float], tuple[Gp
 
 def parse_sample(text: str) -> LoadSample:
     """Parse the output of SAMPLE_SHELL (from this machine or a remote one)."""
-    sections = [*text.split(_SEP), "", "", "", ""]
-    uptime, stat, pids, gpu, apps = (s.strip() for s in sections[:5])
+    sections = [*text.split(_SEP), "", "", "", "", ""]
+    uptime, stat, pids, gpu, apps, unit = (s.strip() for s in sections[:6])
     busy, steal, n_cpus = _parse_proc_stat(stat)
     if not uptime or not n_cpus:
         raise ValueError(f"not a load sample (no /proc/uptime or /proc/stat): {text[:200]!r}")
@@ -171,6 +191,7 @@ def parse_sample(text: str) -> LoadSample:
         procs=_parse_pid_stats(pids),
         gpu_util_pct=util,
         gpu_procs=gpu_procs,
+        unit_pids=frozenset(int(w) for w in unit.split() if w.isdigit()),
     )
 
 
@@ -220,6 +241,13 @@ def _tree(procs: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
+def server_processes(sample: LoadSample, server_pid: int | None) -> set[int]:
+    """The server's processes in a sample: its main process, the process group it leads,
+    its unit's cgroup, and all their descendants."""
+    group = [p.pid for p in sample.procs.values() if server_pid and p.pgid == server_pid]
+    return _tree(sample.procs, [*([server_pid] if server_pid else []), *group, *sample.unit_pids])
+
+
 def foreign_load(
     before: LoadSample,
     after: LoadSample,
@@ -228,15 +256,15 @@ def foreign_load(
 ) -> ForeignLoad:
     """Foreign load between two samples of one machine.
 
-    Not foreign: the server's whole process tree (engines spawn workers) and flagtrial's own
-    process when it runs on that machine (pass os.getpid()); flagtrial's live children are
-    foreign, so a busy helper it started is seen like anybody else's.
+    Not foreign: the server's processes (`server_processes`) and flagtrial's own process
+    when it runs on that machine (pass os.getpid()); flagtrial's live children are foreign,
+    so a busy helper it started is seen like anybody else's.
     """
     seconds = max(after.at_s - before.at_s, 1e-3)
 
     def own(sample: LoadSample) -> set[int]:
-        tree = _tree(sample.procs, [server_pid] if server_pid else [])
-        return tree | ({flagtrial_pid} & set(sample.procs) if flagtrial_pid else set())
+        server = server_processes(sample, server_pid)
+        return server | ({flagtrial_pid} & set(sample.procs) if flagtrial_pid else set())
 
     own_before, own_after = own(before), own(after)
 
@@ -306,9 +334,10 @@ def disturbed(load: ForeignLoad, max_cpu_cores: float) -> str | None:
 async def sample_target(target: Target) -> LoadSample | None:
     """A sample of the machine the target's server runs on; None when it could not be read
     (the run then counts, with its foreign load unknown)."""
-    if target.local:
+    unit = target.unit if isinstance(target, SystemdTarget) else None
+    if target.local and unit is None:
         return await asyncio.to_thread(sample_local)
-    code, text = await target.run(["sh", "-c", SAMPLE_SHELL])
+    code, text = await target.run(["sh", "-c", SAMPLE_SHELL, "sh", *([unit] if unit else [])])
     if code != 0:
         return None
     try:

@@ -19,7 +19,7 @@ import httpx
 from pydantic import BaseModel
 
 from flagtrial.engines import DEFAULT_PORTS
-from flagtrial.engines.base import Engine, ResolvesDefaults, ValueChecker, wait_ready
+from flagtrial.engines.base import Engine, ProgressFn, ResolvesDefaults, ValueChecker, wait_ready
 from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import (
     ChangeError,
@@ -96,20 +96,32 @@ class Session:
     """What every command that touches a server needs: project, target, engine, ledger."""
 
     def __init__(
-        self, project: Project, target: Target, engine: Engine, ledger: Ledger, notify: Notify
+        self,
+        project: Project,
+        target: Target,
+        engine: Engine,
+        ledger: Ledger,
+        notify: Notify,
+        progress: ProgressFn | None = None,
     ) -> None:
         self.project = project
         self.target = target
         self.engine = engine
         self.ledger = ledger
         self.notify = notify
+        self.progress = progress  # told how each restart's start goes, while it goes
 
     async def restart_and_read(self) -> Facts:
         """Restart on the installed spec, wait until ready, read the server's facts."""
         began = time.monotonic()
         mark = await self.target.restart()
         await wait_ready(
-            self.engine, self.target, self.project.endpoint, mark, self.project.ready_timeout_s
+            self.engine,
+            self.target,
+            self.project.endpoint,
+            mark,
+            self.project.ready_timeout_s,
+            self.progress,
         )
         took = time.monotonic() - began
         self.notify("ready", f"server ready in {took:.1f}s")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
 from rich.panel import Panel
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from flagtrial.engines.base import PhaseName, StartProgress
 from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff, Limit, Rewrite
 from flagtrial.judge import Effect
 from flagtrial.ledger import Event, Generation, TrialRow
@@ -49,6 +54,58 @@ def notify_stderr(state: str, detail: str) -> None:
 def _progress(state: str, detail: str) -> str:
     stamp = time.strftime("%H:%M:%S")
     return f"[dim]{stamp}[/dim] [bold]{state:<18}[/bold] {secrets.text(detail)}"
+
+
+# Escape sequences and control characters a server may log: a status line must stay one line.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+# A phase line is for reading: the engine-config dump vLLM logs runs to thousands of characters.
+PHASE_LINE_CHARS = 200
+
+
+class RestartProgress:
+    """A restart's progress as it runs (engines.base.StartProgress): on a terminal one live
+    line (elapsed time, phase, the server's last log line) redrawn in place and cleared when
+    the wait ends; elsewhere a line per phase entered, the ready line being the caller's."""
+
+    def __init__(self, out: Console) -> None:
+        self.out = out
+        self.live: Live | None = None
+        self.spinner = Spinner("dots")
+        self.shown: PhaseName = "starting"
+
+    def __call__(self, p: StartProgress) -> None:
+        # Redacted before it is cut or escaped: either could hide a secret from the patterns.
+        line = _CONTROL.sub(" ", secrets.text(p.last_line)).strip()
+        if self.out.is_terminal:
+            self._draw(p, line)
+        elif p.done:
+            self.shown = "starting"
+        elif p.phase not in (self.shown, "ready"):
+            self.shown = p.phase
+            cut = line if len(line) <= PHASE_LINE_CHARS else line[: PHASE_LINE_CHARS - 1] + "…"
+            self.out.print(_progress(p.phase, "") + f"{p.elapsed_s:.1f}s  {escape(cut)}")
+
+    def _draw(self, p: StartProgress, line: str) -> None:
+        if p.done:
+            if self.live is not None:
+                self.live.stop()  # transient: the line goes
+                self.live = None
+            return
+        row = Table.grid(padding=(0, 1))
+        row.add_column()
+        row.add_column(no_wrap=True, overflow="ellipsis")  # one line, whatever the log says
+        row.add_row(
+            self.spinner,
+            Text.assemble(
+                ("restarting ", "bold"), f"{p.elapsed_s:.1f}s  ", (p.phase, "bold cyan"), "  ",
+                (line, "dim"),
+            ),
+        )  # fmt: skip
+        if self.live is None:
+            self.live = Live(row, console=self.out, transient=True, refresh_per_second=8)
+            self.live.start()
+        else:
+            self.live.update(row)
 
 
 def host_line(host: HostFacts, facts: Facts) -> str:

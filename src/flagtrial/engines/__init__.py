@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from flagtrial.engines.base import Engine
+from flagtrial.engines.base import Engine, WorkloadSized
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.engines.sglang import SglangEngine
 from flagtrial.engines.vllm import VllmEngine
 from flagtrial.errors import ProjectError
+from flagtrial.load.workload import Workload
 
 ENGINES: dict[str, type[Engine]] = {
     "llamacpp": LlamaCppEngine,
@@ -21,10 +22,14 @@ ENGINES: dict[str, type[Engine]] = {
 DEFAULT_PORTS = {"llamacpp": 8080, "sglang": 30000, "vllm": 8000}
 
 
-def make_engine(name: str) -> Engine:
+def make_engine(name: str, workload: Workload | None = None) -> Engine:
+    """The engine's adapter; `workload`, the project's, sizes the requests its facts count."""
     if name not in ENGINES:
         raise ProjectError(f"engine {name!r} is not supported (use {', '.join(ENGINES)})")
-    return ENGINES[name]()
+    engine = ENGINES[name]()
+    if isinstance(engine, WorkloadSized):
+        engine.workload = workload
+    return engine
 
 
 def detect_engine(argv: list[str]) -> str | None:

@@ -3,18 +3,73 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol, runtime_checkable
 
 import httpx
 
+from flagtrial.engines.logfacts import message
 from flagtrial.errors import ServerNotReadyError
 from flagtrial.facts import Facts
 from flagtrial.faults import checkpoint
 from flagtrial.launch.schema import FlagSchema
+from flagtrial.load.workload import Workload
 from flagtrial.targets.base import Target
 
 POLL_S = 0.1
+# How often a watched start reads the log: every read is a file read or a journalctl call.
+LOG_POLL_S = 1.0
+
+# What a starting server is doing, in the words every engine's table uses.
+PhaseName = Literal[
+    "starting", "loading weights", "profiling", "KV allocation", "compiling", "warming up", "ready"
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A start phase, entered when the server logs a line `marker` matches."""
+
+    name: PhaseName
+    marker: re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class StartProgress:
+    """Where a restart stands: seconds since the wait began, the phase, and a server log line
+    (the one that entered the phase when it changes, else the log's last; unredacted: whoever
+    shows it redacts it). `done` once the wait is over, however it ended."""
+
+    elapsed_s: float
+    phase: PhaseName
+    last_line: str
+    done: bool = False
+
+
+ProgressFn = Callable[[StartProgress], None]
+
+
+def line_phase(phases: Sequence[Phase], line: str) -> PhaseName | None:
+    return next((p.name for p in phases if p.marker.search(line)), None)
+
+
+def phase_entries(phases: Sequence[Phase], log: str) -> list[tuple[PhaseName, str]]:
+    """Each phase a log enters, in order, with the line that enters it (a phase entered again
+    after another counts again)."""
+    seen: list[tuple[PhaseName, str]] = []
+    for line in log.splitlines():
+        name = line_phase(phases, line)
+        if name is not None and (not seen or seen[-1][0] != name):
+            seen.append((name, line))
+    return seen
+
+
+def start_phases_seen(phases: Sequence[Phase], log: str) -> list[PhaseName]:
+    return [name for name, _ in phase_entries(phases, log)]
 
 
 class Engine(Protocol):
@@ -22,6 +77,8 @@ class Engine(Protocol):
     # How far a restored server's capacity facts may differ from the known-good's and still
     # count as the same (engines that size their caches from free GPU memory jitter a little).
     capacity_tolerance_pct: float
+    # Which log lines begin each start phase, for the progress shown while a restart runs.
+    start_phases: tuple[Phase, ...]
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         """True once the server answers requests (not merely once its port is open)."""
@@ -53,6 +110,61 @@ class ValueChecker(Protocol):
         ...
 
 
+class StartWatch:
+    """Reads a starting server's log as it grows and reports each phase it enters (even one
+    entered and left between two reads) with the line that entered it, and on a read that
+    finds no new phase, the log's last line. Without a callback it reads nothing."""
+
+    def __init__(
+        self, phases: Sequence[Phase], target: Target, mark: str, progress: ProgressFn | None
+    ) -> None:
+        self.phases, self.target, self.mark, self.progress = phases, target, mark, progress
+        self.began = time.monotonic()
+        self.read_at = -LOG_POLL_S
+        self.scanned = 0  # characters of the log whose whole lines were scanned
+        self.phase: PhaseName = "starting"
+        self.line = ""
+
+    async def poll(self, *, now: bool = False) -> None:
+        if self.progress is None or (not now and time.monotonic() - self.read_at < LOG_POLL_S):
+            return
+        self.read_at = time.monotonic()
+        log = await self.target.logs_since(self.mark)
+        # Only whole lines: a line still being written may yet match.
+        end = log.rfind("\n", self.scanned) + 1
+        entered = phase_entries(self.phases, log[self.scanned : end]) if end else []
+        self.scanned = max(self.scanned, end)
+        elapsed = self.read_at - self.began
+        changes = entered[1:] if entered and entered[0][0] == self.phase else entered
+        for name, line in changes:
+            self.phase = name
+            self.progress(StartProgress(elapsed, name, message(line)))
+        self.line = message(_last_line(log))
+        if not changes:
+            self.progress(StartProgress(elapsed, self.phase, self.line))
+
+    async def __aenter__(self) -> StartWatch:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.progress is None:
+            return
+        if kind is None:
+            await self.poll(now=True)  # the phases logged since the last read
+            self.phase = "ready"
+        self.progress(StartProgress(time.monotonic() - self.began, self.phase, self.line, True))
+
+
+@runtime_checkable
+class WorkloadSized(Protocol):
+    """An engine whose admitted concurrency depends on how long the workload's requests are
+    (SGLang reserves each request's prompt and max_tokens in its KV cache)."""
+
+    workload: Workload | None
+
+
 @runtime_checkable
 class ResolvesDefaults(Protocol):
     """An engine whose server leaves some limits unreported, while its own code on the host
@@ -64,17 +176,25 @@ class ResolvesDefaults(Protocol):
 
 
 async def wait_ready(
-    engine: Engine, target: Target, base_url: str, mark: str, timeout_s: float
+    engine: Engine,
+    target: Target,
+    base_url: str,
+    mark: str,
+    timeout_s: float,
+    progress: ProgressFn | None = None,
 ) -> None:
     """Poll readiness and the supervisor together, so a crash ends the wait at once.
 
     Readiness only counts while the target's own process is alive: a foreign server
     answering on the same port must not pass for ours. (The caller times the whole restart.)
+    With `progress`, the start's phases and log are reported as they come (StartWatch).
     """
     start = time.monotonic()
-    async with httpx.AsyncClient(timeout=2.0) as client:
+    watch = StartWatch(engine.start_phases, target, mark, progress)
+    async with httpx.AsyncClient(timeout=2.0) as client, watch:
         while True:
             checkpoint("waiting")
+            await watch.poll()
             state = await target.state()
             if state.status == "failed" or state.restart_loop:
                 log = await target.logs_since(mark)

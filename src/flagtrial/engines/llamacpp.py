@@ -15,12 +15,24 @@ from pathlib import PurePath
 
 import httpx
 
+from flagtrial.engines.base import Phase
 from flagtrial.engines.schema_cache import help_schema
 from flagtrial.errors import ChangeError
 from flagtrial.facts import Facts, Limit, Scalar, bind
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
 
+# Start phases (tests/fixtures/logs/llamacpp-*.log). At the default verbosity llama-server
+# logs only `load_model: loading model` and `listening on http://...`; `-lv 4` adds the memory
+# fit, `load_tensors`, `llama_kv_cache` and the warm-up; older builds log `KV self size` and
+# `server is listening on`.
+START_PHASES = (
+    Phase("loading weights", re.compile(r"load_model: loading model|load_tensors: ")),
+    Phase("profiling", re.compile(r"fitting params to device memory")),
+    Phase("KV allocation", re.compile(r"llama_kv_cache|(?i:kv self size)")),
+    Phase("warming up", re.compile(r"warming up the model")),
+    Phase("ready", re.compile(r"listening on http")),
+)
 SLOTS_LINE = re.compile(
     r"n_slots = (?P<n_slots>\d+), n_ctx_slot = (?P<n_ctx_slot>\d+), "
     r"kv_unified = '(?P<kv_unified>\w+)'"
@@ -78,6 +90,7 @@ class LlamaCppEngine:
     name = "llamacpp"
     # llama.cpp sizes its KV cache from the flags alone: a restore must match exactly.
     capacity_tolerance_pct = 0.0
+    start_phases = START_PHASES
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         # /health is 503 while the model loads, 200 {"status":"ok"} once slots serve.

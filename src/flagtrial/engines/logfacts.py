@@ -18,16 +18,19 @@ _PREFIX = re.compile(
     r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]]*\] )?"
 )
 # The wording engines use when they change what was asked for (see the engines' warnings,
-# e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...").
+# e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...";
+# SGLang srt/arg_groups/overrides.py:1308 "..., will fallback to torch_native backend.");
 # vLLM 0.32 CPU: "Reducing Torch threads from 2 to 1 for serving." (utils/torch_utils.py:295),
 # "Model Runner V2 requires Triton; using the V1 model runner instead." (config/vllm.py:725).
 OVERRIDE = re.compile(
-    r"Overriding|[Ff]alling back|defaulting to|[Dd]isabl|precluded|Reducing|\binstead\b"
+    r"Overriding|[Ff]all(?:ing)? ?back|defaulting to|[Dd]isabl|precluded|Reducing|\binstead\b"
 )
 # Dumps of every setting mention "disable_..." by name: they are settings, not decisions.
 DUMPS = ("server_args=", "non-default args:", "with config:")
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt): .+")
 _ARGPARSE = re.compile(r"^\S+: error: .+")
+# vLLM's prefix naming the process a line comes from (entrypoints: the API server has none)
+_PROCESS = re.compile(r"^\(\S+ pid=\d+\) ")
 
 
 def message(line: str) -> str:
@@ -49,10 +52,17 @@ def override_warnings(log: str) -> tuple[dict[str, Scalar], list[str]]:
 
 
 def python_crash_reason(log: str) -> str | None:
-    """An argparse error (the engine refused its flags), else the last exception raised."""
-    texts = [message(line) for line in log.splitlines() if line.strip()]
-    for text in texts:
+    """An argparse error (the engine refused its flags), else the root cause: each process's
+    last exception (its traceback's last error line), the earliest of them. In a vLLM log
+    the worker or engine core (`(EngineCore pid=N)` lines) fails first; the API server's
+    `Engine core initialization failed. See root cause above.` follows and is not the cause."""
+    last: dict[str, tuple[int, str]] = {}  # process -> (order of its last exception, text)
+    for order, line in enumerate(log.splitlines()):
+        text = message(line)
         if _ARGPARSE.match(text):
             return text
-    errors = [t for t in texts if _EXCEPTION.match(t)]
-    return errors[-1] if errors else None
+        if _EXCEPTION.match(text):
+            found = _PROCESS.match(_ANSI.sub("", line).strip())
+            process = found[0] if found else ""
+            last[process] = (order, text)
+    return min(last.values())[1] if last else None

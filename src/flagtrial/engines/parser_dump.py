@@ -59,27 +59,28 @@ def _kind(action: argparse.Action) -> str:
     return f"custom:{type(action).__name__}"
 
 
-def _negative(action: argparse.Action, kind: str) -> list[str]:
+def _negative(action: argparse.Action, kind: str, names: list[str]) -> list[str]:
     if kind != "boolean_optional":
         return []
     # BooleanOptionalAction: `--no-x`; vLLM's EnableDisableAction also `--disable-x` for
     # `--enable-x` (and back): the spellings that store False.
     probe = argparse.Namespace()
     negative = []
-    for name in action.option_strings:
+    for name in names:
         action(argparse.ArgumentParser(), probe, None, name)
         if getattr(probe, action.dest) is False:
             negative.append(name)
     return negative
 
 
-def flag(action: argparse.Action, deprecated: bool) -> dict[str, Any]:
+def flag(action: argparse.Action, deprecated: bool, spellings: list[str]) -> dict[str, Any]:
+    """`spellings`: every option string the parser accepts for this action."""
     kind = _kind(action)
-    names = list(action.option_strings) or [action.dest]
+    names = spellings or [action.dest]
     choices = action.choices
     spec: dict[str, Any] = {
         "names": names,
-        "negative": _negative(action, kind),
+        "negative": _negative(action, kind, names),
         "dest": action.dest,
         "action": kind,
         "nargs": 0 if action.nargs == 0 else action.nargs,
@@ -87,7 +88,8 @@ def flag(action: argparse.Action, deprecated: bool) -> dict[str, Any]:
         "choices": None if choices is None else [c for c in choices if c is not None],
         "help": "" if action.help in (None, argparse.SUPPRESS) else str(action.help),
         "default": None if action.default is None else repr(action.default),
-        "deprecated": "" if deprecated else None,
+        # SGLang's Deprecated*Action keeps its replacement (`new_flag`)
+        "deprecated": (getattr(action, "new_flag", None) or "") if deprecated else None,
         "removed": False,
         "settings": [action.dest],
         "where": "",
@@ -109,8 +111,13 @@ def _deprecated(action: argparse.Action, marked: set[argparse.Action]) -> bool:
 
 def dump(parser: argparse.ArgumentParser) -> dict[str, Any]:
     marked = getattr(parser, "_deprecated", set())
+    # vLLM 0.33's EnableDisableAction registers `--no-enable-x` but leaves it out of the
+    # action's option strings (hidden from help): what the parser accepts is its table.
+    spellings: dict[int, list[str]] = {}
+    for option, action in parser._option_string_actions.items():
+        spellings.setdefault(id(action), []).append(option)
     flags = [
-        flag(a, _deprecated(a, marked))
+        flag(a, _deprecated(a, marked), spellings.get(id(a), []))
         for a in parser._actions
         if not isinstance(a, argparse._HelpAction)
     ]

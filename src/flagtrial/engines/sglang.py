@@ -1,16 +1,22 @@
 """Engine `sglang`: SGLang's HTTP server (`python -m sglang.launch_server`, `sglang serve`).
 
-Capacity is what the scheduler reports, never what the flags say: the top-level
-`max_running_requests` of `/server_info` is None when unset, the real limit is each DP rank's
-`effective_max_running_requests_per_dp`. `concurrent_requests` is their sum over
-`internal_states` (one entry per DP rank, each rank admitting its own requests); `kv_tokens`
-is the sum of `memory_usage.token_capacity` (else `max_total_num_tokens`); context per
-request is `/v1/models` `max_model_len` (the model's `context_len`). Every version's
-endpoints and log formats are in VERSIONS below, with the file:line they come from.
+Capacity is what the scheduler admits, never what the flags say. `concurrent_requests` is
+the least of its limits (`Facts.limits`), each with its value and source, the binding one
+named: `max_running_requests`, each DP rank's `effective_max_running_requests_per_dp` of
+`/server_info` summed (the top-level field is None when unset), else the scheduler's startup
+line; `max_total_num_tokens`, the KV cache at the workload's request length (the scheduler
+admits a request while its prompt plus max_tokens, reserved whole under `ignore_eos`, fit in
+the free KV tokens: srt/managers/schedule_policy.py `add_one_req`); `context_len`, listed
+when the workload's requests are longer than the context (the server refuses them:
+srt/managers/tokenizer_manager.py `_validate_one_request`). `kv_tokens` is the sum of
+`memory_usage.token_capacity` (else `max_total_num_tokens`); context per request is
+`/v1/models` `max_model_len` (the model's `context_len`). Every version's endpoints and log
+formats are in VERSIONS below, with the file:line they come from.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +24,35 @@ from typing import Any
 import httpx
 
 from flagtrial.engines import logfacts, promtext, pyrepr
+from flagtrial.engines.base import Phase
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import cached_table, engine_schema, version_key
-from flagtrial.facts import Facts, Scalar
+from flagtrial.facts import Facts, Limit, Scalar, binding
 from flagtrial.launch.schema import FlagSchema
+from flagtrial.load.client import build_prompt
+from flagtrial.load.workload import Workload
 from flagtrial.targets.base import Target
+
+# Start phases, as a real SGLang 0.5.23 start on CPU logs them
+# (tests/fixtures/logs/sglang-0.5.23-cpu-start.log). The KV pool is sized and allocated right
+# after the weights (the line after `Load weight end` is `KV Cache is allocated`); on a GPU
+# CUDA graphs are captured next; once Uvicorn runs, a warm-up request must pass before
+# /health answers 200.
+START_PHASES = (
+    # srt/model_executor/model_runner.py:1274
+    Phase("loading weights", re.compile(r"Load weight begin")),
+    # model_runner.py:1373, srt/mem_cache/memory_pool.py, kv_pool_runtime.py (post-capture)
+    Phase(
+        "KV allocation",
+        re.compile(r"Load weight end\. elapsed|KV [Cc]ache (?:is )?allocated|KV sizing"),
+    ),
+    # model_runner_components/cuda_graph_setup.py:685 `Capture %s CUDA graph begin.`; 0.5.10
+    # model_runner.py:2446 `Capture cuda graph begin.` (`cpu graph`, `npu graph`)
+    Phase("compiling", re.compile(r"Capture .*[Gg]raph begin")),
+    Phase("warming up", re.compile(r"Uvicorn running on")),
+    # srt/entrypoints/http_server.py:2600
+    Phase("ready", re.compile(r"The server is fired up and ready to roll")),
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +114,16 @@ GRAPH_BS = re.compile(
     r"(?P<bs>\[[\d, ]*\])"
 )
 
+# The parser `sglang serve` and launch_server build (srt/server_args.py
+# `prepare_server_args`, the same in 0.5.10), built on the host by engines/parser_dump.py:
+# importing server_args touches no GPU and needs no sgl_kernel.
+PARSER = """
+import argparse
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+"""
+
 # Volatile or bulky /server_info keys that are not settings (max_total_num_tokens is the
 # KV capacity, a capacity fact).
 _NOT_SETTINGS = {
@@ -98,6 +138,12 @@ _NOT_SETTINGS = {
     "hicache_object_layout",
     "kv_event_sources",
 }
+
+
+# Settings SGLang draws at each start unless their flag is given (0.5.23
+# srt/arg_groups/serving_hook.py:660 `random_seed=random.randint(0, 1 << 30)`): not a
+# setting of the spec. `launch_command` (/server_info) is what was asked.
+_DRAWN_AT_START = {"random_seed": "--random-seed"}
 
 
 def parse_startup_log(log: str) -> tuple[dict[str, Any], dict[str, Scalar], list[str]]:
@@ -187,13 +233,50 @@ def _resolved_by(labels: list[str]) -> str:
     return "resolved by " + "; ".join(f"{k}:{', '.join(v)})" for k, v in lines.items())
 
 
+# srt/managers/schedule_policy.py:89: what the scheduler reserves for a request's output at
+# most (env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION).
+CLIP_MAX_NEW_TOKENS = 4096
+# Without ignore_eos the scheduler counts running requests' outputs at its new-token ratio (an
+# expected early EOS, schedule_policy.py `_get_running_request_total_token_offset`).
+_EARLY_EOS = "; at least: the workload does not send ignore_eos"
+# Prompts of the workload tokenized to size its requests: the longest of these counts.
+_SAMPLED_PROMPTS = 8
+
+
+async def _prompt_tokens(
+    client: httpx.AsyncClient, base_url: str, workload: Workload
+) -> int | None:
+    """Tokens of the workload's longest prompt as the server counts them (`POST /tokenize`,
+    srt/entrypoints/http_server.py:1907; chat prompts with the chat template applied), None
+    where the server has no such endpoint or does not tokenize them."""
+    longest = 0
+    for index in range(_SAMPLED_PROMPTS):
+        text = build_prompt(index, workload.prompt_words)
+        body: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": text}], "add_generation_prompt": True}
+            if workload.api == "chat"
+            else {"prompt": text}
+        )
+        if workload.model:
+            body["model"] = workload.model
+        response = await client.post(f"{base_url}/tokenize", json=body)
+        if response.status_code != 200:
+            return None
+        longest = max(longest, int(response.json()["count"]))
+    return longest
+
+
 class SglangEngine:
     name = "sglang"
     # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
     capacity_tolerance_pct = 1.0
+    start_phases = START_PHASES
 
-    def __init__(self) -> None:
+    def __init__(self, workload: Workload | None = None) -> None:
         self._schema: EngineSchema | None = None
+        # The requests the scheduler will be asked to admit; without it the KV cache's limit
+        # is not known (make_engine passes the project's).
+        self.workload = workload
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         # /health: 503 while the server status is Starting, then a 1-token generation
@@ -215,28 +298,44 @@ class SglangEngine:
             for s in states
             if s.get("effective_max_running_requests_per_dp") is not None
         ]
+        limits: list[Limit] = []
         if running:
-            capacity["concurrent_requests"] = float(sum(running))
-            sources["concurrent_requests"] = (
-                f"GET {path} internal_states[].effective_max_running_requests_per_dp, "
-                f"summed over {len(running)} DP rank(s)"
+            limits.append(
+                Limit(
+                    name="max_running_requests",
+                    setting=sum(running),
+                    admits=sum(running),
+                    source=f"GET {path} internal_states[].effective_max_running_requests_per_dp"
+                    f", summed over {len(running)} DP rank(s)",
+                )
             )
         elif "running" in numbers:
-            capacity["concurrent_requests"] = float(numbers["running"])
-            sources["concurrent_requests"] = "startup log: max_running_requests"
+            limits.append(
+                Limit(
+                    name="max_running_requests",
+                    setting=numbers["running"],
+                    admits=numbers["running"],
+                    source="startup log: max_running_requests",
+                )
+            )
+        # KV tokens per DP rank: each rank admits into its own pool.
         tokens = [(s.get("memory_usage") or {}).get("token_capacity") for s in states]
         if tokens and all(t is not None for t in tokens):
-            capacity["kv_tokens"] = float(sum(tokens))
+            per_rank = [float(t) for t in tokens]
             sources["kv_tokens"] = f"GET {path} internal_states[].memory_usage.token_capacity"
         elif body.get("max_total_num_tokens") is not None:
-            capacity["kv_tokens"] = float(body["max_total_num_tokens"])
+            per_rank = [float(body["max_total_num_tokens"])]
             sources["kv_tokens"] = f"GET {path} max_total_num_tokens"
         elif (metric := await _metric(client, base_url, "sglang:max_total_num_tokens")) is not None:
-            capacity["kv_tokens"] = metric  # served with --enable-metrics
+            per_rank = [metric]  # served with --enable-metrics
             sources["kv_tokens"] = "GET /metrics sglang:max_total_num_tokens"
         elif "kv_pool_tokens" in numbers or "tokens" in numbers:
-            capacity["kv_tokens"] = float(numbers.get("kv_pool_tokens", numbers.get("tokens")))
+            per_rank = [float(numbers.get("kv_pool_tokens", numbers.get("tokens")))]
             sources["kv_tokens"] = "startup log: KV Cache ... #tokens"
+        else:
+            per_rank = []
+        if per_rank:
+            capacity["kv_tokens"] = sum(per_rank)
         context = _context(models)
         if context is not None:
             capacity["context_per_request"] = float(context)
@@ -246,9 +345,22 @@ class SglangEngine:
             sources["context_per_request"] = "startup log: context_len"
 
         settings = flatten(body) if body else server_args_from_log(startup_log, version)
+        asked = str(body.get("launch_command") or "").split()
+        for key, flag in _DRAWN_AT_START.items():
+            if not any(word.split("=")[0] == flag for word in asked):
+                settings.pop(key, None)
         settings.update(log_settings)
         if body.get("max_req_input_len") is not None:
             settings["max_req_input_len"] = body["max_req_input_len"]
+        if self.workload is not None:
+            page = settings.get("page_size")
+            limits += await self._length_limits(
+                client, base_url, capacity, sources, per_rank, page if isinstance(page, int) else 1
+            )
+        bound = binding(limits)
+        if bound is not None:
+            capacity["concurrent_requests"] = bound.admits
+            sources["concurrent_requests"] = f"bound by {bound.describe()} ({bound.source})"
         warnings, warning_lines = logfacts.override_warnings(startup_log)
         settings.update(warnings)
         sources.update(self._causes(version, settings))
@@ -259,7 +371,50 @@ class SglangEngine:
             settings=settings,
             sources=sources,
             log_lines=lines + warning_lines,
+            limits=limits,
         )
+
+    async def _length_limits(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        capacity: dict[str, float],
+        sources: dict[str, str],
+        per_rank: list[float],
+        page: int,
+    ) -> list[Limit]:
+        """The limits that depend on how long the workload's requests are."""
+        assert self.workload is not None
+        prompt = await _prompt_tokens(client, base_url, self.workload)
+        if prompt is None:
+            return []
+        new = min(self.workload.max_tokens, CLIP_MAX_NEW_TOKENS)
+        limits = []
+        context = capacity.get("context_per_request")
+        if context is not None and prompt + self.workload.max_tokens > context:
+            limits.append(
+                Limit(
+                    name="context_len",
+                    setting=context,
+                    admits=0,
+                    source=f"{sources['context_per_request']}; the workload's requests are "
+                    f"{prompt} + {self.workload.max_tokens} tokens: refused",
+                )
+            )
+        if per_rank:
+            # add_one_req: the prompt in whole pages, max_new reserved, one page of overhead.
+            request = math.ceil(prompt / page) * page + new + page
+            limits.append(
+                Limit(
+                    name="max_total_num_tokens",
+                    setting=sum(per_rank),
+                    admits=sum(t // request for t in per_rank),
+                    source=f"{sources['kv_tokens']}, {request} tokens per request: the "
+                    f"workload's longest prompt ({prompt}, POST /tokenize) + max_tokens {new}"
+                    f" + page_size {page}{'' if self.workload.ignore_eos else _EARLY_EOS}",
+                )
+            )
+        return limits
 
     def _causes(self, version: str | None, settings: dict[str, Scalar]) -> dict[str, str]:
         """For resolved settings, the resolvers SGLang records as able to decide them."""
@@ -277,5 +432,5 @@ class SglangEngine:
         return {canonical_flag.lstrip("-").replace("-", "_")}
 
     async def flag_schema(self, target: Target, program: list[str]) -> FlagSchema:
-        self._schema = await engine_schema(target, self.name, program)
+        self._schema = await engine_schema(target, self.name, program, PARSER)
         return self._schema

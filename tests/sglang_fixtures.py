@@ -1,0 +1,139 @@
+"""A real SGLang server (PyPI `sglang` 0.5.23 on CPU torch, built by scripts/install-sglang.sh
+with its stand-in `sgl_kernel`) serving the tiny generated Llama, as a unit under the process
+target.
+
+A start costs about a minute on two cores (mostly imports), so the tests of a module share
+one server where they only read it (`sglang_server`); a trial starts its own. The KV cache
+is always bounded (`--max-total-tokens`): by default SGLang sizes it from free RAM (15 GB
+here). The shared server stops with its module. Every start holds the heavy-server lock
+(one real vLLM or SGLang at a time on the test machine), taken by the caller:
+`flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+import flagtrial
+from fixtures.engines.standin import write_project
+from flagtrial.cache import cache_root, sglang_python
+from flagtrial.demo import free_port
+from flagtrial.engines.base import wait_ready
+from flagtrial.engines.sglang import SglangEngine
+from flagtrial.facts import Facts
+from flagtrial.load.workload import Workload
+from flagtrial.targets.process import ProcessTarget
+
+# SGLang's CPU platform is chosen by this variable alone (srt/utils/common.py `is_cpu`); no
+# hub; PYTHONPATH cleared: tests that point it at a wheel's source must not reach the server.
+SGLANG_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+READY_TIMEOUT_S = 300.0
+MODULE = "sglang.launch_server"
+# 2048 KV tokens: short requests are bound by --max-running-requests, long ones by the cache.
+KV_TOKENS = 2048
+
+
+@pytest.fixture(scope="session")
+def sglang_bin() -> Path:
+    path = sglang_python()
+    if not path.exists():
+        # make test installs it first; a missing venv is a set-up failure, not a skip.
+        pytest.fail(f"SGLang not installed at {path}: run scripts/install-sglang.sh")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sglang_model(sglang_bin: Path) -> Path:
+    """The tiny Llama (the vLLM tests' one), generated once into the cache. Its vocabulary is
+    the tokenizer's own size, so no sampled id decodes to nothing."""
+    out = cache_root() / "models" / "tiny-llama-hf"
+    src = Path(flagtrial.__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1"}
+    subprocess.run(
+        [str(sglang_bin), "-m", "flagtrial.hfmodelgen", str(out)],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def sglang_args(model: Path, port: int, *extra: str) -> list[str]:
+    return [
+        "--model-path",
+        str(model),
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-total-tokens",
+        str(KV_TOKENS),
+        "--enable-metrics",
+        *extra,
+    ]
+
+
+def write_sglang_project(
+    root: Path, python: Path, model: Path, port: int, *extra: str, policy: str = "runs = 3\n"
+) -> Path:
+    """A flagtrial project whose unit runs the real SGLang server on `port`."""
+    return write_project(
+        root,
+        "sglang",
+        sglang_args(model, port, *extra),
+        SGLANG_ENV,
+        policy,
+        program=[str(python), "-m", MODULE],
+        ready_timeout_s=READY_TIMEOUT_S,
+    )
+
+
+@dataclass
+class SglangServer:
+    project: Path
+    target: ProcessTarget
+    url: str
+    mark: str  # where this start's log begins
+
+    def log(self) -> str:
+        return asyncio.run(self.target.logs_since(self.mark))
+
+    def facts(self, workload: Workload | None = None) -> Facts:
+        log = self.log()
+
+        async def read() -> Facts:
+            async with httpx.AsyncClient(timeout=30.0) as client:
+                return await SglangEngine(workload).facts(client, self.url, log)
+
+        return asyncio.run(read())
+
+
+@pytest.fixture(scope="module")
+def sglang_server(
+    tmp_path_factory: pytest.TempPathFactory, sglang_bin: Path, sglang_model: Path
+) -> Iterator[SglangServer]:
+    """One real SGLang server for the module, started from its unit and ready."""
+    root = tmp_path_factory.mktemp("sglang-server")
+    port = free_port()
+    project = write_sglang_project(
+        root, sglang_bin, sglang_model, port, "--max-running-requests", "8"
+    )
+    url = f"http://127.0.0.1:{port}"
+    target = ProcessTarget(root / "sglang.service", root / "state")
+    mark = asyncio.run(target.restart())
+    try:
+        asyncio.run(wait_ready(SglangEngine(), target, url, mark, READY_TIMEOUT_S))
+        yield SglangServer(project, target, url, mark)
+    finally:
+        asyncio.run(target.stop())
