@@ -217,8 +217,10 @@ def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDi
             cause=after.sources.get(key),
         )
         (explicit if change.named_by_change else implicit).append(change)
+    # A cause line may word the same rewrite differently from one start to the next.
+    seen = {(r.name, r.asked, r.got) for r in before.rewrites}
     for rewrite in after.rewrites:
-        if rewrite not in before.rewrites:
+        if (rewrite.name, rewrite.asked, rewrite.got) not in seen:
             implicit.append(
                 SettingChange(
                     name=rewrite.name,
