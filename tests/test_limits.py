@@ -17,7 +17,7 @@ import pytest
 from conftest import free_port
 from fixtures.engines.standin import write_project
 from flagtrial.engines import promtext
-from flagtrial.facts import Facts, Limit, diff_facts
+from flagtrial.facts import Facts, Limit, Rewrite, diff_facts
 from flagtrial.load.client import build_prompt
 from flagtrial.targets.process import ProcessTarget
 
@@ -194,3 +194,14 @@ def test_diff_compares_both_sides_at_the_measured_length() -> None:
     diff = diff_facts(before, after, set())
     assert [(c.before, c.after) for c in diff.capacity] == [(8, 8)]
     assert diff_facts(before, before.at_tokens(512), set()).capacity[0].after == 4
+
+
+def test_a_rewrite_shows_once_whatever_its_cause_line_says() -> None:
+    asked = Rewrite(name="enable_dbo", asked=True, got=False, cause="disabled (run 1)")
+    before = Facts(engine="vllm", rewrites=[asked])
+    again = Facts(engine="vllm", rewrites=[asked.model_copy(update={"cause": "disabled (2)"})])
+    assert diff_facts(before, again, set()).implicit == []
+    [change] = diff_facts(Facts(engine="vllm"), again, set()).implicit
+    assert change.describe() == (
+        "enable_dbo rewritten by the server: asked True, got False (disabled (2))"
+    )
