@@ -347,6 +347,9 @@ class VllmEngine:
 
     def __init__(self) -> None:
         self._schema: EngineSchema | None = None
+        # Defaults resolved on the host, per interpreter and inputs: a trial restarts one
+        # spec several times, each resolution costs an import of vLLM (about 10 s).
+        self._defaults: dict[tuple[str, str], dict[str, Any] | None] = {}
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         # The API server answers only once the engine core is up; /health is 503 when the
@@ -437,10 +440,11 @@ class VllmEngine:
             is not None
         }
         given["max_model_len"] = int(facts.capacity["context_per_request"])
-        rc, out = await target.run(
-            [host_python(program), "-c", DEFAULTS, json.dumps(given)], timeout_s=120.0
-        )
-        found = _marked(out, "flagtrial-defaults") if rc == 0 else None
+        key = (host_python(program), json.dumps(given, sort_keys=True))
+        if key not in self._defaults:
+            rc, out = await target.run([key[0], "-c", DEFAULTS, key[1]], timeout_s=120.0)
+            self._defaults[key] = _marked(out, "flagtrial-defaults") if rc == 0 else None
+        found = self._defaults[key]
         if found is None:
             return facts  # another release's EngineArgs: the limits stay unreported
         defaults = {f"default.{k}": v for k, v in found.items()}
