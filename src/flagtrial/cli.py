@@ -22,7 +22,7 @@ from rich.markup import escape
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from flagtrial import ui
-from flagtrial.engines import DEFAULT_PORTS, detect_engine, make_engine
+from flagtrial.engines import ENGINES, GATED, detect_engine, make_engine
 from flagtrial.errors import FlagtrialError, GateError, LockHeldError, TargetError, UsageError
 from flagtrial.facts import Facts
 from flagtrial.gates import preflight as gating
@@ -272,7 +272,8 @@ def init(
     if not unit:
         raise typer.BadParameter("give --unit or --from-unit")
     engine = engine or "llamacpp"
-    endpoint = endpoint or f"http://127.0.0.1:{DEFAULT_PORTS.get(engine, 8080)}"
+    default = ENGINES[engine].default_port if engine in ENGINES else 8080
+    endpoint = endpoint or f"http://127.0.0.1:{default}"
     text = INIT_TEMPLATE.format(
         target=target,
         unit=unit,
@@ -312,7 +313,7 @@ async def _inspect_unit(target: str, unit: str, ssh: Ssh, accept_new: bool) -> t
     address, port = flag_value(spec.argv, ("--host",)), flag_value(spec.argv, ("--port",))
     if address in (None, "0.0.0.0", "::"):
         address = urlsplit(target).hostname if target.startswith("ssh://") else "127.0.0.1"
-    return engine, f"http://{address}:{port or DEFAULT_PORTS[engine]}"
+    return engine, f"http://{address}:{port or ENGINES[engine].default_port}"
 
 
 @app.command()
@@ -393,7 +394,7 @@ def preflight(
                 session.engine.name, version, change, checked.candidate, host
             )
             skipped = None
-            if not findings and session.engine.name in gating.ENGINES:
+            if not findings and session.engine.name in GATED:
                 skipped = "source gate analysis skipped: " + (
                     "no GPU facts for this host ([gpu] in the project file)"
                     if host is None
@@ -447,7 +448,7 @@ def gates(
 ) -> None:
     """Will FLAG act on this GPU? Evidence from the engine's own source; no host needed."""
     name, sep, version = engine.partition("==")
-    if not sep or name not in gating.ENGINES or not sm:
+    if not sep or name not in GATED or not sm:
         raise typer.BadParameter("give --engine sglang==VERSION or vllm==VERSION, and --sm")
     host = GateHost.sm(sm.replace(".", ""), cuda=cuda, gpus=tp)
     try:

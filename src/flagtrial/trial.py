@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from flagtrial.engines import DEFAULT_PORTS
 from flagtrial.engines.base import Engine, ProgressFn, ResolvesDefaults, ValueChecker, wait_ready
 from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import (
@@ -229,7 +228,7 @@ class Session:
                 "nothing to trial"
             )
         check_listen_address(
-            spec, candidate, schema, self.project.endpoint, DEFAULT_PORTS.get(self.engine.name)
+            spec, candidate, schema, self.project.endpoint, self.engine.default_port
         )
         if isinstance(self.engine, ValueChecker):
             await self.engine.check_values(

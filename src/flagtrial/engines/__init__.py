@@ -1,4 +1,6 @@
-"""Engines: what kind of server it is, one adapter per file."""
+"""Engines: what kind of server it is, one adapter per file, registered here. Each adapter
+knows its own defaults (port, program detection, tensor-parallel flags, whether the gate
+analysis reads its source); nothing here names an engine but the registry."""
 
 from __future__ import annotations
 
@@ -11,15 +13,9 @@ from flagtrial.engines.vllm import VllmEngine
 from flagtrial.errors import ProjectError
 from flagtrial.load.workload import Workload
 
-ENGINES: dict[str, type[Engine]] = {
-    "llamacpp": LlamaCppEngine,
-    "sglang": SglangEngine,
-    "vllm": VllmEngine,
-}
-
-
-# Each engine's default HTTP port, for a project file written from a live unit.
-DEFAULT_PORTS = {"llamacpp": 8080, "sglang": 30000, "vllm": 8000}
+ENGINES: dict[str, type[Engine]] = {e.name: e for e in (LlamaCppEngine, SglangEngine, VllmEngine)}
+# The engines whose source the gate analysis reads.
+GATED = tuple(name for name, e in ENGINES.items() if e.source_gates)
 
 
 def make_engine(name: str, workload: Workload | None = None) -> Engine:
@@ -36,9 +32,4 @@ def detect_engine(argv: list[str]) -> str | None:
     """Which engine a command line starts, from its program words."""
     # module paths count word by word: `sglang.launch_server`, `flagtrial.standin.vllm`
     parts = {p for w in argv[:4] for p in PurePath(w).name.split(".")}
-    if any(p.startswith("llama-server") for p in parts):
-        return "llamacpp"
-    for engine in ("sglang", "vllm"):
-        if engine in parts:
-            return engine
-    return None
+    return next((name for name, e in ENGINES.items() if e.starts(parts)), None)

@@ -79,6 +79,18 @@ class Engine(Protocol):
     capacity_tolerance_pct: float
     # Which log lines begin each start phase, for the progress shown while a restart runs.
     start_phases: tuple[Phase, ...]
+    # The HTTP port the server listens on when its command line names none.
+    default_port: int
+    # The spellings of its tensor-parallel size flag (none: it has no such flag).
+    tp_flags: tuple[str, ...]
+    # Whether the gate analysis (flagtrial.gates) reads this engine's source.
+    source_gates: bool
+
+    @staticmethod
+    def starts(program_parts: set[str]) -> bool:
+        """Whether a command line whose program words split into these parts (`llama-server`,
+        `sglang`, `launch_server`, ...) starts this engine."""
+        ...
 
     async def is_ready(self, client: httpx.AsyncClient, base_url: str) -> bool:
         """True once the server answers requests (not merely once its port is open)."""

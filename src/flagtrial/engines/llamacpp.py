@@ -88,6 +88,14 @@ def parse_startup_log(log: str) -> tuple[dict[str, Scalar], list[str]]:
 
 class LlamaCppEngine:
     name = "llamacpp"
+    default_port = 8080
+    tp_flags: tuple[str, ...] = ()
+    source_gates = False
+
+    @staticmethod
+    def starts(program_parts: set[str]) -> bool:
+        return any(p.startswith("llama-server") for p in program_parts)
+
     # llama.cpp sizes its KV cache from the flags alone: a restore must match exactly.
     capacity_tolerance_pct = 0.0
     start_phases = START_PHASES

@@ -268,6 +268,14 @@ async def _prompt_tokens(
 
 class SglangEngine:
     name = "sglang"
+    default_port = 30000
+    tp_flags = ("--tp-size", "--tp", "--tensor-parallel-size")
+    source_gates = True
+
+    @staticmethod
+    def starts(program_parts: set[str]) -> bool:
+        return "sglang" in program_parts
+
     # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
     capacity_tolerance_pct = 1.0
     start_phases = START_PHASES

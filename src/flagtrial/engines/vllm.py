@@ -341,6 +341,14 @@ async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
 
 class VllmEngine:
     name = "vllm"
+    default_port = 8000
+    tp_flags = ("--tensor-parallel-size", "-tp")
+    source_gates = True
+
+    @staticmethod
+    def starts(program_parts: set[str]) -> bool:
+        return "vllm" in program_parts
+
     # KV capacity is sized from free GPU memory at start, which drifts a little between starts.
     capacity_tolerance_pct = 1.0
     start_phases = START_PHASES

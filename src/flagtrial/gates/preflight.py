@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from flagtrial.engines import ENGINES, GATED
 from flagtrial.gates.analyze import analyze_change
 from flagtrial.gates.model import GateFinding, GateHost, Outcome
 from flagtrial.launch.change import Change
@@ -12,12 +13,9 @@ from flagtrial.launch.spec import LaunchSpec
 from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts
 
-ENGINES = ("sglang", "vllm")
-TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
 
-
-def tensor_parallel(argv: list[str]) -> int:
-    text = flag_value(argv, TP_FLAGS) or "1"
+def tensor_parallel(argv: list[str], engine: str) -> int:
+    text = flag_value(argv, ENGINES[engine].tp_flags) or "1"
     return int(text) if text.isdigit() else 1
 
 
@@ -37,9 +35,9 @@ async def analyze(
     """Findings for every add/set edit; [] where the analysis does not apply. Runs in a
     thread: the index may take seconds to build the first time for a version."""
     edits = [(e.name, e.value) for e in change.edits if e.op in ("add", "set")]
-    if engine not in ENGINES or not version or host is None or not edits:
+    if engine not in GATED or not version or host is None or not edits:
         return []
-    tp = tensor_parallel(candidate.argv)
+    tp = tensor_parallel(candidate.argv, engine)
     return await asyncio.to_thread(analyze_change, engine, version, edits, host, tp)
 
 
