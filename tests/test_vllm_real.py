@@ -125,14 +125,16 @@ async def _flood(url: str, n: int, max_tokens: int) -> tuple[float, float]:
     """n completions at once; (peak running, peak waiting) as /metrics reports them."""
     peaks = [0.0, 0.0]
     done = asyncio.Event()
-    async with httpx.AsyncClient(timeout=120.0) as client:
+    # The sampler's own client: queued behind the flood in one pool, /metrics would answer
+    # only after it (every sample 0).
+    async with httpx.AsyncClient(timeout=120.0) as client, httpx.AsyncClient() as sampling:
         model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
         body = {"model": model, "prompt": "the cache", "max_tokens": max_tokens,
                 "ignore_eos": True, "temperature": 0}  # fmt: skip
 
         async def sample() -> None:
             while not done.is_set():
-                metrics = promtext.parse((await client.get(f"{url}/metrics")).text)
+                metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
                 for i, name in enumerate(
                     ("vllm:num_requests_running", "vllm:num_requests_waiting")
                 ):
