@@ -228,3 +228,17 @@ def test_capacity_guard_reverts_before_any_candidate_load(vllm_project) -> None:
         "bound by max_num_seqs = 1024 (GET /server_info?config_format=json)"
     )
     assert not any(state == "measuring" for state, _ in events)
+
+
+def test_a_cpp_warning_with_its_timestamp_is_the_same_override_at_every_start() -> None:
+    """torch's c10 lines carry a timestamp (seen in the container: Gloo's hostname fallback);
+    with it in the override, no restore could ever verify."""
+    from flagtrial.engines.logfacts import override_warnings
+
+    line = (
+        "[W1201 12:22:27.970113757 ProcessGroupGloo.cpp:524] Warning: Unable to resolve "
+        "hostname to a (local) address. Using the loopback address as fallback."
+    )
+    later = line.replace("12:22:27.970113757", "12:25:01.000000001")
+    assert override_warnings(line) == override_warnings(later)
+    assert "12:22" not in str(override_warnings(line))

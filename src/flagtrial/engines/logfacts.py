@@ -16,6 +16,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PREFIX = re.compile(
     r"^(?:\(\S+ pid=\d+\) )?(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?"
     r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?[^\]]*\] )?"
+    # c10/glog lines from torch's C++: `[W1201 12:22:27.970113757 ProcessGroupGloo.cpp:524] `
+    r"(?:\[[DIWEF]\d{4} \d\d:\d\d:\d\d(?:\.\d+)? [^\]]*\] )?"
 )
 # The wording engines use when they change what was asked for (see the engines' warnings,
 # e.g. vLLM v1/attention/backends/fa_utils.py:121 "..., defaulting to FA version 4 ...";
