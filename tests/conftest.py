@@ -13,6 +13,7 @@ import pytest
 
 from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port
+from flagtrial.launch.schema import FlagSchema
 from flagtrial.modelgen import generate_model
 
 # The real vLLM and SGLang servers' fixtures (vllm_server, sglang_server, ...).
@@ -26,6 +27,15 @@ def llama_server_bin() -> Path:
         # make test builds it first; a missing binary is a set-up failure, not a skip.
         pytest.fail(f"llama-server not built at {path}: run scripts/build-llama-server.sh")
     return path
+
+
+@pytest.fixture(scope="session")
+def llama(llama_server_bin: Path) -> FlagSchema:
+    """The real llama-server's flag schema, from its own --help."""
+    help_text = subprocess.run(
+        [str(llama_server_bin), "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    return FlagSchema.parse_help(help_text, program=str(llama_server_bin))
 
 
 @pytest.fixture(scope="session")

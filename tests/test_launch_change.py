@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,14 +28,6 @@ ExecStart=/usr/local/bin/llama-server \\
     -nocb
 Restart=always
 """
-
-
-@pytest.fixture(scope="module")
-def llama(llama_server_bin: Path) -> FlagSchema:
-    help_text = subprocess.run(
-        [str(llama_server_bin), "--help"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    return FlagSchema.parse_help(help_text, program=str(llama_server_bin))
 
 
 def test_from_cli_forms() -> None:

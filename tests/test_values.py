@@ -54,14 +54,6 @@ KINDS = {
 }
 
 
-@pytest.fixture(scope="module")
-def llama(llama_server_bin: Path) -> FlagSchema:
-    help_text = subprocess.run(
-        [str(llama_server_bin), "--help"], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
-    return FlagSchema.parse_help(help_text, program=str(llama_server_bin))
-
-
 def server_parses(binary: Path, *args: str) -> tuple[bool, str]:
     """Whether llama-server's own parser takes args (`--help` last: parse, print, exit 0)."""
     r = subprocess.run([str(binary), *args, "--help"], capture_output=True, text=True, timeout=60)
