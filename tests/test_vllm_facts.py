@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from fixtures.engines.standin import write_project
 from flagtrial.demo import free_port
-from flagtrial.engines import make_engine, promtext
+from flagtrial.engines import make_engine
 from flagtrial.facts import Facts, Limit, diff_facts
 from flagtrial.ledger import Ledger
 from flagtrial.load.client import build_prompt
@@ -26,7 +25,7 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session
-from vllm_fixtures import MODULE, READY_TIMEOUT_S, vllm_args
+from vllm_fixtures import MODULE, READY_TIMEOUT_S, flood, vllm_args
 
 pytestmark = pytest.mark.slow
 
@@ -124,45 +123,11 @@ def test_the_kv_cache_binds_at_the_workload_length(kv_bound: Started) -> None:
     )
 
 
-async def _flood(url: str, n: int) -> tuple[float, float, list[int]]:
-    """n workload-sized completions at once: (peak running, peak waiting, output lengths)."""
-    peaks = [0.0, 0.0]
-    done = asyncio.Event()
-    # The sampler's own client: behind the flood's requests in one client's pool, /metrics
-    # answered only after the flood (seen: every sample 0).
-    async with httpx.AsyncClient(timeout=300.0) as client, httpx.AsyncClient() as sampling:
-        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        body = {"model": model, "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
-
-        async def sample() -> None:
-            while not done.is_set():
-                metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
-                for i, name in enumerate(
-                    ("vllm:num_requests_running", "vllm:num_requests_waiting")
-                ):
-                    found = promtext.first(metrics, name)
-                    peaks[i] = max(peaks[i], found.value if found else 0.0)
-                await asyncio.sleep(0.02)
-
-        sampler = asyncio.create_task(sample())
-        replies = await asyncio.gather(
-            *(
-                client.post(
-                    f"{url}/v1/completions", json={**body, "prompt": build_prompt(i, PROMPT_WORDS)}
-                )
-                for i in range(n)
-            )
-        )
-        done.set()
-        await sampler
-    assert all(r.status_code == 200 for r in replies)
-    return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in replies]
-
-
 def test_flood_runs_at_most_what_the_kv_cache_admits(kv_bound: Started) -> None:
     # Many times the capacity: the scheduler keeps the rest waiting for blocks, and the flood
     # lasts long enough (some 14 rounds) for /metrics to be sampled while the batch is full.
-    running, waiting, outputs = asyncio.run(_flood(kv_bound.url, 96))
+    prompts = [build_prompt(i, PROMPT_WORDS) for i in range(96)]
+    running, waiting, outputs = asyncio.run(flood(kv_bound.url, prompts, MAX_TOKENS))
     assert running == kv_bound.facts.capacity["concurrent_requests"]
     assert waiting > 0
     assert outputs == [MAX_TOKENS] * 96

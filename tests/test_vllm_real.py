@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flagtrial.engines import promtext, source_flags
+from flagtrial.engines import source_flags
 from flagtrial.engines.pyengine import (
     engine_schema,
     installed_version,
@@ -27,7 +27,7 @@ from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import MODULE, VllmServer, VllmTrials, run_trial
+from vllm_fixtures import MODULE, VllmServer, VllmTrials, flood, run_trial
 
 
 def read_facts(server: VllmServer) -> Facts:
@@ -121,38 +121,6 @@ def test_static_reader_matches_the_real_parser(vllm_bin: Path, tmp_path: Path) -
     assert by_static["--mm-processor-device"]["choices_unresolved"].startswith("['auto', 'cpu']")
 
 
-async def _flood(url: str, n: int, max_tokens: int) -> tuple[float, float]:
-    """n completions at once; (peak running, peak waiting) as /metrics reports them."""
-    peaks = [0.0, 0.0]
-    done = asyncio.Event()
-    # The sampler's own client: queued behind the flood in one pool, /metrics would answer
-    # only after it (every sample 0).
-    async with httpx.AsyncClient(timeout=120.0) as client, httpx.AsyncClient() as sampling:
-        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        body = {"model": model, "prompt": "the cache", "max_tokens": max_tokens,
-                "ignore_eos": True, "temperature": 0}  # fmt: skip
-
-        async def sample() -> None:
-            while not done.is_set():
-                metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
-                for i, name in enumerate(
-                    ("vllm:num_requests_running", "vllm:num_requests_waiting")
-                ):
-                    found = promtext.first(metrics, name)
-                    peaks[i] = max(peaks[i], found.value if found else 0.0)
-                await asyncio.sleep(0.02)
-
-        sampler = asyncio.create_task(sample())
-        replies = await asyncio.gather(
-            *(client.post(f"{url}/v1/completions", json=body) for _ in range(n))
-        )
-        done.set()
-        await sampler
-    assert all(r.status_code == 200 for r in replies)
-    assert all(r.json()["usage"]["completion_tokens"] == max_tokens for r in replies)
-    return peaks[0], peaks[1]
-
-
 def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) -> None:
     facts = read_facts(vllm_server)
     limits = {limit.name: limit for limit in facts.limits}
@@ -164,7 +132,8 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     )
     # Four times what it admits: the rest wait, and the running count peaks at the bound
     # (long completions, so that /metrics is sampled many times while the batch is full).
-    running, waiting = asyncio.run(_flood(vllm_server.url, 32, max_tokens=400))
+    running, waiting, outputs = asyncio.run(flood(vllm_server.url, ["the cache"] * 32, 400))
+    assert outputs == [400] * 32
     assert running == facts.capacity["concurrent_requests"]
     assert waiting > 0
 

@@ -16,12 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fixtures.engines.standin import write_project
 from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
-from flagtrial.engines import make_engine
+from flagtrial.engines import make_engine, promtext
 from flagtrial.launch.change import Change
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
@@ -194,3 +195,34 @@ def vllm_trials(
 def vllm_server(vllm_trials: VllmTrials) -> VllmServer:
     """The module's server on its read-only known-good (max_num_seqs 8), ready."""
     return vllm_trials.serve("--max-num-seqs", "8")
+
+
+async def flood(url: str, prompts: list[str], max_tokens: int) -> tuple[float, float, list[int]]:
+    """One completion per prompt, all at once: (peak running, peak waiting) as /metrics
+    reports them, and each reply's output length."""
+    peaks = [0.0, 0.0]
+    done = asyncio.Event()
+    # The sampler's own client: behind the flood's requests in one client's pool, /metrics
+    # answered only after the flood (seen: every sample 0).
+    async with httpx.AsyncClient(timeout=300.0) as client, httpx.AsyncClient() as sampling:
+        model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
+        body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+
+        async def sample() -> None:
+            while not done.is_set():
+                metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
+                for i, name in enumerate(
+                    ("vllm:num_requests_running", "vllm:num_requests_waiting")
+                ):
+                    found = promtext.first(metrics, name)
+                    peaks[i] = max(peaks[i], found.value if found else 0.0)
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        replies = await asyncio.gather(
+            *(client.post(f"{url}/v1/completions", json={**body, "prompt": p}) for p in prompts)
+        )
+        done.set()
+        await sampler
+    assert all(r.status_code == 200 for r in replies)
+    return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in replies]
