@@ -85,6 +85,7 @@ def kv_bound(
         ENV,
         "--kv-cache-memory-bytes",
         KV_BYTES,
+        "--enable-log-requests",
     )
     try:
         yield server
@@ -124,10 +125,12 @@ def test_the_kv_cache_binds_at_the_workload_length(kv_bound: Started) -> None:
 
 
 def test_flood_runs_at_most_what_the_kv_cache_admits(kv_bound: Started) -> None:
-    # Many times the capacity: the scheduler keeps the rest waiting for blocks, and the flood
-    # lasts long enough (some 14 rounds) for /metrics to be sampled while the batch is full.
+    # Many times the capacity: the scheduler keeps the rest waiting for blocks (some 14
+    # rounds), its gauges read between slices of the engine's run.
     prompts = [build_prompt(i, PROMPT_WORDS) for i in range(96)]
-    running, waiting, outputs = asyncio.run(flood(kv_bound.url, prompts, MAX_TOKENS))
+    running, waiting, outputs = asyncio.run(
+        flood(kv_bound.target, kv_bound.url, prompts, MAX_TOKENS)
+    )
     assert running == kv_bound.facts.capacity["concurrent_requests"]
     assert waiting > 0
     assert outputs == [MAX_TOKENS] * 96

@@ -27,7 +27,7 @@ from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import MODULE, VllmServer, VllmTrials, flood, run_trial
+from vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
 
 
 def read_facts(server: VllmServer) -> Facts:
@@ -130,16 +130,14 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     assert facts.sources["concurrent_requests"] == (
         "bound by max_num_seqs = 8 (startup log: non-default args)"
     )
-    # Four times what it admits: the rest wait, and the running count peaks at the bound
-    # (long completions, so that /metrics is sampled many times while the batch is full).
-    running, waiting, outputs = asyncio.run(flood(vllm_server.url, ["the cache"] * 32, 400))
-    assert outputs == [400] * 32
+    # Four times what it admits: the rest wait, and the running count peaks at the bound.
+    prompts = ["the cache"] * 32
+    running, waiting, outputs = asyncio.run(flood(vllm_server.target, vllm_server.url, prompts, 64))
+    assert outputs == [64] * 32
     assert running == facts.capacity["concurrent_requests"]
     assert waiting > 0
 
 
-# The known-good the trials below start from (the read-only tests' too: no restart between).
-SEQS_8 = ("--max-num-seqs", "8")
 # A flag the CPU build accepts and ignores: with VLLM_CPU_KVCACHE_SPACE set, the KV cache is
 # that size whatever the memory fraction (platforms/cpu.py, v1/worker/cpu_worker.py), and
 # the fraction is not in the compile cache's key (config/cache.py compute_hash).

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,8 +141,7 @@ class VllmServer:
         return asyncio.run(self.target.logs_since(self.mark))
 
     def leader(self) -> int:
-        """The running server's process (its process group's leader)."""
-        return int(json.loads(self.target.pid_file.read_text())["pid"])
+        return leader(self.target)
 
 
 @dataclass
@@ -180,6 +181,11 @@ class VllmTrials:
             asyncio.run(make_target(load_project(project_file)).stop())  # type: ignore[attr-defined]
 
 
+# The known-good of the module's trials and read-only tests (no restart between them); its
+# request lines let `flood` see every request handed to the engine.
+SEQS_8 = ("--max-num-seqs", "8", "--enable-log-requests")
+
+
 @pytest.fixture(scope="module")
 def vllm_trials(
     tmp_path_factory: pytest.TempPathFactory, vllm_bin: Path, hf_model: Path
@@ -193,36 +199,71 @@ def vllm_trials(
 
 @pytest.fixture
 def vllm_server(vllm_trials: VllmTrials) -> VllmServer:
-    """The module's server on its read-only known-good (max_num_seqs 8), ready."""
-    return vllm_trials.serve("--max-num-seqs", "8")
+    """The module's server on its read-only known-good (SEQS_8), ready."""
+    return vllm_trials.serve(*SEQS_8)
 
 
-async def flood(url: str, prompts: list[str], max_tokens: int) -> tuple[float, float, list[int]]:
-    """One completion per prompt, all at once: (peak running, peak waiting) as /metrics
-    reports them, and each reply's output length."""
+def leader(target: ProcessTarget) -> int:
+    """The running server's process (its process group's leader)."""
+    return int(json.loads(target.pid_file.read_text())["pid"])
+
+
+# How long the engine runs between two reads of its gauges.
+SLICE_S = 0.05
+# The API server's line for each request it has handed to the engine core (with
+# --enable-log-requests).
+ADDED = b"Added request "
+
+
+async def flood(
+    target: ProcessTarget, url: str, prompts: list[str], max_tokens: int
+) -> tuple[float, float, list[int]]:
+    """One completion per prompt, all at once, to a server started with
+    --enable-log-requests: (peak running, peak waiting) as /metrics reports them, and each
+    reply's output length.
+
+    The engine (every process of the server's group but the API server) is stopped until
+    the API server has handed it every request, then runs in slices of SLICE_S and is
+    stopped again while /metrics is read. On two busy cores the tiny model finishes a
+    request faster than the API server admits the next, and a sampler racing the flood was
+    answered only before and after it (seen: every sample 0)."""
+    api_server = leader(target)
+    engine = [pid for pid in ProcessTarget.group_members(api_server) if pid != api_server]
+    assert engine, f"no engine processes in the group of {api_server}"
+    log_start = target.log_path.stat().st_size
     peaks = [0.0, 0.0]
-    done = asyncio.Event()
+
+    def signal_engine(sig: signal.Signals) -> None:
+        for pid in engine:
+            os.kill(pid, sig)
+
+    async def all_added() -> None:
+        while target.log_path.read_bytes()[log_start:].count(ADDED) < len(prompts):
+            await asyncio.sleep(SLICE_S)
+
     # The sampler's own client: behind the flood's requests in one client's pool, /metrics
-    # answered only after the flood (seen: every sample 0).
+    # would be answered only after the flood.
     async with httpx.AsyncClient(timeout=300.0) as client, httpx.AsyncClient() as sampling:
         model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
         body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
-
-        async def sample() -> None:
-            while not done.is_set():
+        signal_engine(signal.SIGSTOP)
+        try:
+            replies = asyncio.gather(
+                *(client.post(f"{url}/v1/completions", json={**body, "prompt": p}) for p in prompts)
+            )
+            await asyncio.wait_for(all_added(), timeout=120.0)
+            while not replies.done():
+                signal_engine(signal.SIGCONT)
+                await asyncio.sleep(SLICE_S)
+                signal_engine(signal.SIGSTOP)
                 metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
                 for i, name in enumerate(
                     ("vllm:num_requests_running", "vllm:num_requests_waiting")
                 ):
                     found = promtext.first(metrics, name)
                     peaks[i] = max(peaks[i], found.value if found else 0.0)
-                await asyncio.sleep(0.02)
-
-        sampler = asyncio.create_task(sample())
-        replies = await asyncio.gather(
-            *(client.post(f"{url}/v1/completions", json={**body, "prompt": p}) for p in prompts)
-        )
-        done.set()
-        await sampler
-    assert all(r.status_code == 200 for r in replies)
-    return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in replies]
+        finally:
+            signal_engine(signal.SIGCONT)
+        answered = await replies
+    assert all(r.status_code == 200 for r in answered)
+    return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in answered]
