@@ -105,7 +105,8 @@ class Facts(BaseModel):
     def _no_secrets(cls, v: dict[str, Scalar] | list[str]) -> dict[str, Scalar] | list[str]:
         """Servers echo secrets (SGLang's server_info has api_key, vLLM logs its non-default
         args): redacted as read, so stored, shown and compared alike."""
-        return Redactor().data(v)
+        redacted: dict[str, Scalar] | list[str] = Redactor().data(v)
+        return redacted
 
     def at_tokens(self, tokens: float | None) -> Facts:
         """These facts for requests of `tokens` tokens: every limit re-evaluated, the binding

@@ -16,6 +16,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # Bump when the generated content changes, so cached models are regenerated.
 GENERATOR_VERSION = "1"
@@ -41,7 +45,7 @@ _TEXT = (
 )
 
 
-def _tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast (imported lazily)
+def _tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

@@ -262,11 +262,11 @@ def foreign_load(
     """
     seconds = max(after.at_s - before.at_s, 1e-3)
 
-    def own(sample: LoadSample) -> set[int]:
+    def owned(sample: LoadSample) -> set[int]:
         server = server_processes(sample, server_pid)
         return server | ({flagtrial_pid} & set(sample.procs) if flagtrial_pid else set())
 
-    own_before, own_after = own(before), own(after)
+    own_before, own_after = owned(before), owned(after)
 
     def tree_ticks(sample: LoadSample, tree: set[int]) -> int:
         # Reaped children's time moves into the parent's cutime: summing each sample's

@@ -85,8 +85,8 @@ def _model_name(size: ModelSize, seed: int) -> str:
 def _vocab(n_vocab: int) -> list[str]:
     """SPM pieces: specials, bytes, then word pieces with every prefix present so words merge."""
     pieces: dict[str, None] = {}  # ordered set
-    for c in range(33, 127):
-        pieces[chr(c)] = None
+    for code in range(33, 127):
+        pieces[chr(code)] = None
     pieces["▁"] = None
     for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
         pieces["▁" + c] = None
@@ -107,7 +107,7 @@ def _vocab(n_vocab: int) -> list[str]:
     return tokens[:n_vocab]
 
 
-def _token_types(n_vocab: int) -> list[int]:
+def _token_types(n_vocab: int) -> list[gguf.TokenType]:
     return (
         [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
         + [gguf.TokenType.BYTE] * _N_BYTE

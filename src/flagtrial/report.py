@@ -53,7 +53,8 @@ def _plots(runs: list[dict[str, Any]]) -> str:
                 )
     fig.update_layout(height=380, margin={"t": 60, "b": 40, "l": 40, "r": 20})
     fig.update_xaxes(title_text="run, in the order measured")
-    return "<h2>Runs</h2>" + fig.to_html(full_html=False, include_plotlyjs=True)
+    html: str = fig.to_html(full_html=False, include_plotlyjs=True)
+    return "<h2>Runs</h2>" + html
 
 
 def render_html(ledger: Ledger, trial_id: int) -> str:

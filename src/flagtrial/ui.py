@@ -131,8 +131,10 @@ def facts_table(before: Facts, after: Facts | None = None, title: str = "facts")
     for key, value in before.capacity.items():
         row = [CAPACITY_LABELS.get(key, key), f"{value:g}"]
         if after is not None:
-            new = after.capacity.get(key)
-            row += ["-", ""] if new is None else [f"{new:g}", _pct(value, new)]
+            later_value = after.capacity.get(key)
+            row += (
+                ["-", ""] if later_value is None else [f"{later_value:g}", _pct(value, later_value)]
+            )
         table.add_row(*row, before.sources.get(key, ""))
     # Each limit on concurrent requests: what it admits (its own value); the least binds.
     limits = {limit.name: limit for limit in before.limits}

@@ -13,7 +13,8 @@ from flagtrial.engines.vllm import VllmEngine
 from flagtrial.errors import ProjectError
 from flagtrial.load.workload import Workload
 
-ENGINES: dict[str, type[Engine]] = {e.name: e for e in (LlamaCppEngine, SglangEngine, VllmEngine)}
+_ADAPTERS: tuple[type[Engine], ...] = (LlamaCppEngine, SglangEngine, VllmEngine)
+ENGINES: dict[str, type[Engine]] = {e.name: e for e in _ADAPTERS}
 # The engines whose source the gate analysis reads.
 GATED = tuple(name for name, e in ENGINES.items() if e.source_gates)
 

@@ -68,7 +68,7 @@ class _Switch(argparse.Action):
         self.negative = set(negative)
         super().__init__(option_strings, dest, nargs=0, **kw)
 
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
         setattr(namespace, self.dest, option_string not in self.negative)
 
 

@@ -26,7 +26,7 @@ from flagtrial.targets.base import Target
 # logs only `load_model: loading model` and `listening on http://...`; `-lv 4` adds the memory
 # fit, `load_tensors`, `llama_kv_cache` and the warm-up; older builds log `KV self size` and
 # `server is listening on`.
-START_PHASES = (
+START_PHASES: tuple[Phase, ...] = (
     Phase("loading weights", re.compile(r"load_model: loading model|load_tensors: ")),
     Phase("profiling", re.compile(r"fitting params to device memory")),
     Phase("KV allocation", re.compile(r"llama_kv_cache|(?i:kv self size)")),
@@ -143,13 +143,12 @@ class LlamaCppEngine:
                 slots=slots,
             )
         )
-        if "n_slots" in settings:
+        cells, slots_read = settings.get("n_ctx_slot"), settings.get("n_slots")
+        if isinstance(cells, int | float) and isinstance(slots_read, int | float):
             # A unified KV cache is one pool of n_ctx_slot cells shared by every slot; otherwise
             # each slot owns its own n_ctx_slot cells.
             shared = settings["kv_unified"]
-            capacity["kv_tokens"] = float(settings["n_ctx_slot"]) * (
-                1 if shared else settings["n_slots"]
-            )
+            capacity["kv_tokens"] = float(cells) * (1 if shared else slots_read)
             sources["kv_tokens"] = "startup log: n_slots, n_ctx_slot, kv_unified"
             if shared:
                 # Every slot is started whatever the pool holds; once it is full, the requests

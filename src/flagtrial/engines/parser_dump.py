@@ -110,7 +110,7 @@ def _deprecated(action: argparse.Action, marked: set[argparse.Action]) -> bool:
 
 
 def dump(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    marked = getattr(parser, "_deprecated", set())
+    marked: set[Any] = getattr(parser, "_deprecated", set())
     # vLLM 0.33's EnableDisableAction registers `--no-enable-x` but leaves it out of the
     # action's option strings (hidden from help): what the parser accepts is its table.
     spellings: dict[int, list[str]] = {}

@@ -130,7 +130,8 @@ def removed_flags(engine: str, version: str, table: dict[str, Any]) -> dict[str,
 def _marked(out: str, mark: str) -> dict[str, Any] | None:
     for line in reversed(out.splitlines()):
         if line.startswith(mark + " "):
-            return json.loads(line[len(mark) + 1 :])
+            found: dict[str, Any] = json.loads(line[len(mark) + 1 :])
+            return found
     return None
 
 
@@ -157,7 +158,8 @@ async def installed_version(target: Target, engine: str, python: str) -> Install
 async def _static_table(target: Target, engine: str, python: str) -> dict[str, Any]:
     rc, out = await target.run([python, "-c", _SOURCE, engine], timeout_s=120.0)
     try:
-        return json.loads(out.strip().splitlines()[-1])
+        table: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return table
     except (ValueError, IndexError):
         return {"error": f"reading the flags of {engine} on {target.name} failed (exit {rc})"}
 

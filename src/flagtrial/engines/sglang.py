@@ -38,7 +38,7 @@ from flagtrial.targets.base import Target
 # after the weights (the line after `Load weight end` is `KV Cache is allocated`); on a GPU
 # CUDA graphs are captured next; once Uvicorn runs, a warm-up request must pass before
 # /health answers 200.
-START_PHASES = (
+START_PHASES: tuple[Phase, ...] = (
     # srt/model_executor/model_runner.py:1274
     Phase("loading weights", re.compile(r"Load weight begin")),
     # model_runner.py:1373, srt/mem_cache/memory_pool.py, kv_pool_runtime.py (post-capture)
@@ -269,7 +269,7 @@ async def _prompt_tokens(
 class SglangEngine:
     name = "sglang"
     default_port = 30000
-    tp_flags = ("--tp-size", "--tp", "--tensor-parallel-size")
+    tp_flags: tuple[str, ...] = ("--tp-size", "--tp", "--tensor-parallel-size")
     source_gates = True
 
     @staticmethod
@@ -328,8 +328,8 @@ class SglangEngine:
             )
         # KV tokens per DP rank: each rank admits into its own pool.
         tokens = [(s.get("memory_usage") or {}).get("token_capacity") for s in states]
-        if tokens and all(t is not None for t in tokens):
-            per_rank = [float(t) for t in tokens]
+        if tokens and None not in tokens:
+            per_rank = [float(t) for t in tokens if t is not None]
             sources["kv_tokens"] = f"GET {path} internal_states[].memory_usage.token_capacity"
         elif body.get("max_total_num_tokens") is not None:
             per_rank = [float(body["max_total_num_tokens"])]
@@ -338,7 +338,8 @@ class SglangEngine:
             per_rank = [metric]  # served with --enable-metrics
             sources["kv_tokens"] = "GET /metrics sglang:max_total_num_tokens"
         elif "kv_pool_tokens" in numbers or "tokens" in numbers:
-            per_rank = [float(numbers.get("kv_pool_tokens", numbers.get("tokens")))]
+            pool = numbers["kv_pool_tokens"] if "kv_pool_tokens" in numbers else numbers["tokens"]
+            per_rank = [float(pool)]
             sources["kv_tokens"] = "startup log: KV Cache ... #tokens"
         else:
             per_rank = []

@@ -36,7 +36,7 @@ from flagtrial.targets.base import Target
 # messages in 0.30.0 to 0.33.0), not yet seen in a real log: after the load the worker's
 # profile run (v1/worker/gpu_worker.py determine_available_memory) compiles the model, then
 # the KV cache is sized and CUDA graphs are captured (gpu_model_runner.py).
-START_PHASES = (
+START_PHASES: tuple[Phase, ...] = (
     # v1/worker/{cpu,gpu}_model_runner.py `Starting to load model %s...`
     Phase("loading weights", re.compile(r"Starting to load model")),
     # gpu_model_runner.py `Model loading took`, compilation/monitor.py `torch.compile took`
@@ -342,7 +342,7 @@ async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
 class VllmEngine:
     name = "vllm"
     default_port = 8000
-    tp_flags = ("--tensor-parallel-size", "-tp")
+    tp_flags: tuple[str, ...] = ("--tensor-parallel-size", "-tp")
     source_gates = True
 
     @staticmethod

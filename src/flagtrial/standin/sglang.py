@@ -199,7 +199,7 @@ class Server:
         )
 
     def _avail(self) -> float:
-        return self.gpu.gib * (1 - self.resolved["mem_fraction_static"])
+        return self.gpu.gib * (1 - float(self.resolved["mem_fraction_static"]))
 
     # ------------------------------------------------------------------ bodies
 
@@ -219,7 +219,7 @@ class Server:
             "sglang.srt.managers.scheduler_components.memory_usage",
             "build_memory_usage",
         )
-        return build(
+        usage: dict[str, Any] = build(
             weight_gb=weight,
             kv_cache_gb=kv,
             startup_available_gb=self._avail(),
@@ -228,6 +228,7 @@ class Server:
             target_graph_memory_usage={"decode": self.graph_gib},
             draft_graph_memory_usage=None,
         )
+        return usage
 
     def server_info(self) -> dict[str, Any]:
         # srt/entrypoints/http_server.py:863-890 (0.5.10: 601-618): resolved fields, the

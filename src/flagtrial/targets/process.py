@@ -114,7 +114,8 @@ class ProcessTarget:
 
     def _recorded(self) -> dict[str, int] | None:
         try:
-            return json.loads(self.pid_file.read_text())
+            recorded: dict[str, int] = json.loads(self.pid_file.read_text())
+            return recorded
         except (OSError, ValueError):
             return None
 

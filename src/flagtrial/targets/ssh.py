@@ -167,7 +167,7 @@ class SshRunner:
         if self.proxy_jump:
             options["tunnel"] = self.proxy_jump
         try:
-            return await asyncssh.connect(self.host, **options)  # type: ignore[arg-type]
+            return await asyncssh.connect(self.host, **options)
         except asyncssh.HostKeyNotVerifiable as e:
             raise self._host_key_error(check, e) from None
         except asyncssh.PermissionDenied as e:
