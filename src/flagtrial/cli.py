@@ -32,7 +32,15 @@ from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import printable
 from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
-from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_project
+from flagtrial.projectfile import template
+from flagtrial.settings import (
+    PROJECT_FILE,
+    Project,
+    Ssh,
+    load_project,
+    parse_project,
+    validate_project,
+)
 from flagtrial.targets import make_target
 from flagtrial.targets.holder import LockHolder, held_message, stop_holder
 from flagtrial.targets.process import STOP_GRACE_S, ProcessTarget
@@ -176,65 +184,6 @@ def write_output(out: Path, text: str, *, overwrite: bool = True, private: bool 
         raise UsageError(f"cannot write {out}: {e.strerror}") from None
 
 
-INIT_TEMPLATE = """\
-# flagtrial project file. Relative paths resolve against this file's folder.
-
-# Where the server runs: "process" (a child process on this machine), "local" (a systemd
-# unit on this machine) or "ssh://user@host[:port]" (a systemd unit there).
-target = "{target}"
-# The unit holding the launch spec (ExecStart=, Environment=, EnvironmentFile=): for "process"
-# a unit file's path, for systemd targets the unit's name.
-unit = "{unit}"
-# What the server is: "llamacpp", "sglang" or "vllm".
-engine = "{engine}"
-# The server's HTTP API.
-endpoint = "{endpoint}"
-# Seconds a restart may take to become ready before it counts as failed (and is rolled back).
-ready_timeout_s = 120
-# The ledger of generations and trials.
-ledger = ".flagtrial/ledger.db"
-# Values redacted from every output besides those whose names look secret (TOKEN, KEY, ...).
-# secret_names = ["MY_VAR", "--my-flag"]
-# systemd targets: edit a drop-in instead of the unit itself
-# spec_path = "/etc/systemd/system/{unit}.d/flags.conf"
-
-[ssh]
-{known_hosts}known_hosts = "{known_hosts_path}"   # host keys are always checked
-# accept_new_host_key = false          # trust an unknown host once (a changed key is refused)
-{identity}identity_file = "{identity_path}"  # default: ssh-agent and ~/.ssh/id_*
-# ssh_config = "~/.ssh/config"         # host aliases, ProxyJump
-# proxy_jump = "user@bastion"
-
-[workload]
-api = "completions"          # or "chat"
-concurrency = [1, 4, 8]      # closed-loop concurrency levels
-prompt_words = 64            # fixed prompt length (unique per request: no prefix-cache gains)
-max_tokens = 64              # fixed output length (ignore_eos)
-requests_per_run = 16        # per level and run
-warmup_requests = 2          # per level, excluded
-run_timeout_s = 120          # wall bound of one run
-request_timeout_s = 60
-
-[policy]
-primary_metric = "output_tok_s"    # the objective; or "request_rate", "goodput"
-# primary_concurrency = 8          # default: the highest level
-improvement_margin_pct = 2.0       # KEEP: the whole interval above +this
-harm_margin_pct = 2.0              # harmful: the whole interval below -this
-equivalence_margin_pct = 5.0       # no effect: the whole interval inside +-this
-capacity_loss_max_pct = 5.0        # guardrail on the server's own capacity facts
-capacity_guard = "report"          # "revert": revert on a capacity loss before any load
-ttft_p99_worse_max_pct = 25.0      # guardrail
-error_rate_max = 0.0               # guardrail
-confidence = 0.95
-protocol = "auto"                  # "interleaved", "before-after"; auto: by restart cost
-max_runs = 40                      # bound: runs per arm at the primary level
-max_seconds = 900                  # bound: seconds of measurement, restarts included
-runs = 3                           # before-after: known-good runs before the change
-foreign_cpu_max_cores = 0.5        # a run with more foreign CPU load is set aside
-on_inconclusive = "revert"         # or "keep"
-"""
-
-
 @app.command()
 def init(
     unit: Annotated[
@@ -274,16 +223,12 @@ def init(
     engine = engine or "llamacpp"
     default = ENGINES[engine].default_port if engine in ENGINES else 8080
     endpoint = endpoint or f"http://127.0.0.1:{default}"
-    text = INIT_TEMPLATE.format(
-        target=target,
-        unit=unit,
-        engine=engine,
-        endpoint=endpoint,
-        known_hosts="" if ssh.known_hosts else "# ",
-        known_hosts_path=ssh.known_hosts or "~/.ssh/known_hosts",
-        identity="" if ssh.identity_file else "# ",
-        identity_path=ssh.identity_file or "~/.ssh/id_ed25519",
-    )
+    settings = validate_project(
+        {"target": target, "unit": unit, "engine": engine, "endpoint": endpoint,
+         "ssh": ssh.model_dump(exclude_defaults=True)},
+        project,
+    )  # fmt: skip
+    text = template(settings)
     # Checked before it is written: a bad option leaves no invalid file behind.
     parse_project(text, project)
     write_output(project, text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -29,7 +29,9 @@ class Policy(BaseModel):
         0.1, gt=0, description="goodput: a request's mean inter-token latency limit"
     )
     primary_concurrency: int | None = Field(
-        None, description="concurrency level the objective is read at (default: the highest)"
+        None,
+        description="concurrency level the objective is read at (default: the highest)",
+        examples=[8],
     )
     improvement_margin_pct: float = Field(
         2.0, gt=0, description="a gain counts only when its whole interval lies beyond this"
@@ -107,14 +109,24 @@ class Ssh(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    known_hosts: str | None = Field(None, description="default ~/.ssh/known_hosts")
+    known_hosts: str | None = Field(
+        None, description="default ~/.ssh/known_hosts", examples=["~/.ssh/known_hosts"]
+    )
     accept_new_host_key: bool = Field(
         False, description="trust and record an unknown host's key (a changed key never is)"
     )
-    identity_file: str | None = Field(None, description="default: ssh-agent and ~/.ssh/id_*")
-    ssh_config: str | None = Field(None, description="default ~/.ssh/config (aliases, ProxyJump)")
-    proxy_jump: str | None = Field(None, description="a bastion: [user@]host[:port]")
-    connect_timeout_s: float = Field(10.0, gt=0)
+    identity_file: str | None = Field(
+        None, description="default: ssh-agent and ~/.ssh/id_*", examples=["~/.ssh/id_ed25519"]
+    )
+    ssh_config: str | None = Field(
+        None, description="default ~/.ssh/config (aliases, ProxyJump)", examples=["~/.ssh/config"]
+    )
+    proxy_jump: str | None = Field(
+        None, description="a bastion: [user@]host[:port]", examples=["user@bastion"]
+    )
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="seconds a connection may take before the host is unreachable"
+    )
 
 
 class DeclaredGpu(BaseModel):
@@ -123,9 +135,9 @@ class DeclaredGpu(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    compute_cap: str | None = Field(None, description='e.g. "12.0" for SM120')
-    count: int = Field(1, ge=1)
-    cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"')
+    compute_cap: str | None = Field(None, description='e.g. "12.0" for SM120', examples=["12.0"])
+    count: int = Field(1, ge=1, description="how many such GPUs the host has")
+    cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"', examples=["12.8"])
 
 
 class Project(BaseModel):
@@ -140,11 +152,15 @@ class Project(BaseModel):
         description="process target: the unit file's path; systemd targets: the unit's name"
     )
     spec_path: str | None = Field(
-        None, description="systemd targets: the file to edit, e.g. a drop-in UNIT.d/flags.conf"
+        None,
+        description="systemd targets: the file to edit, e.g. a drop-in UNIT.d/flags.conf",
+        examples=["/etc/systemd/system/llama.service.d/flags.conf"],
     )
     ssh: Ssh = Field(default_factory=Ssh)
     gpu: DeclaredGpu = Field(default_factory=DeclaredGpu)
-    engine: Literal["llamacpp", "sglang", "vllm"] = "llamacpp"
+    engine: Literal["llamacpp", "sglang", "vllm"] = Field(
+        "llamacpp", description="what the server is: 'llamacpp', 'sglang' or 'vllm'"
+    )
     endpoint: str = Field("http://127.0.0.1:8080", description="base URL of the server's HTTP API")
     ready_timeout_s: float = Field(
         120.0, gt=0, description="how long a restart may take to get ready"
@@ -208,6 +224,12 @@ def parse_project(text: str, path: Path) -> Project:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ProjectError(f"{path}: not valid TOML: {e}") from e
+    return validate_project(data, path)
+
+
+def validate_project(data: dict[str, Any], path: Path) -> Project:
+    """A project from its keys and values as if read from `path`; the first bad key is one
+    ProjectError line."""
     try:
         project = Project.model_validate(data)
     except ValidationError as e:

@@ -19,6 +19,7 @@ class Workload(BaseModel):
     model: str | None = Field(
         default=None,
         description="Sent as the request's `model` when set; vLLM and SGLang check it.",
+        examples=["Qwen/Qwen3-8B"],
     )
     concurrency: list[PositiveInt] = Field(
         default_factory=lambda: [1, 4, 8],
