@@ -23,7 +23,14 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from flagtrial import ui
 from flagtrial.engines import ENGINES, GATED, detect_engine, make_engine
-from flagtrial.errors import FlagtrialError, GateError, LockHeldError, TargetError, UsageError
+from flagtrial.errors import (
+    FlagtrialError,
+    GateError,
+    LedgerError,
+    LockHeldError,
+    TargetError,
+    UsageError,
+)
 from flagtrial.facts import Facts
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.analyze import analyze_change, render_text
@@ -97,7 +104,7 @@ def _main(
 
 
 def run(body: Callable[[], Awaitable[T]]) -> T:
-    """Run a command body; a FlagtrialError becomes one line on stderr and its exit code.
+    """Run a command body; a FlagtrialError it raises reaches `main`, the one error printer.
 
     Ctrl-C and SIGTERM cancel the body, whose own cleanup (a trial's rollback) runs before
     the exit with 130; a second Ctrl-C stops at once and leaves the journal to `recover`.
@@ -111,9 +118,6 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(guarded())
-    except FlagtrialError as e:
-        ui.err_console.print(f"[red]error:[/red] {ui.secrets.text(str(e))}")
-        raise typer.Exit(e.exit_code) from None
     except (KeyboardInterrupt, asyncio.CancelledError):
         ui.err_console.print(
             "interrupted (after a second Ctrl-C the trial is unfinished: run `flagtrial recover`)"
@@ -211,8 +215,7 @@ def init(
         identity_file=str(identity_file.resolve()) if identity_file else None,
     )
     if project.exists() and not force:
-        ui.err_console.print(f"[red]error:[/red] {project} exists (use --force to overwrite)")
-        raise typer.Exit(2)
+        raise UsageError(f"{project} exists (use --force to overwrite)")
     if from_unit:
         target, unit = _split_host_unit(from_unit)
         found_engine, found_endpoint = run(lambda: _inspect_unit(target, unit, ssh, accept_new))
@@ -511,12 +514,8 @@ def ledger_import(src: Path, project: ProjectOpt = Path(PROJECT_FILE)) -> None:
     try:
         data = json.loads(src.read_text())
         rows = Ledger(load_project(project).ledger_path).import_(data)
-    except FlagtrialError as e:
-        ui.err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(e.exit_code) from None
     except (OSError, ValueError) as e:
-        ui.err_console.print(f"[red]error:[/red] cannot read {src}: {e}")
-        raise typer.Exit(8) from None
+        raise LedgerError(f"cannot read {src}: {e}") from None
     ui.console.print(f"imported {rows} records from {src}")
 
 
@@ -790,8 +789,7 @@ def demo(
         raise UsageError(f"--engine {engine!r}: the demo runs on {' or '.join(stories)}")
     needed, missing, hint, prepare_story, change = stories[engine]
     if not needed.exists():
-        ui.err_console.print(f"[red]error:[/red] {missing} at {needed} (run {hint})")
-        raise typer.Exit(5)
+        raise TargetError(f"{missing} at {needed} (run {hint})")
     if workdir.exists():
         shutil.rmtree(workdir)
     project_path = prepare_story(workdir, port or free_port())
