@@ -9,7 +9,7 @@ import pytest
 
 from flagtrial.errors import SpecError
 from flagtrial.launch.execwords import literal_word
-from flagtrial.launch.spec import LaunchSpec, parse, parse_command, parse_unit
+from flagtrial.launch.spec import LaunchSpec, parse, parse_command, parse_unit, spec_sha256
 
 SGLANG_UNIT = """\
 # Managed by hand: SGLang serving Llama 3 70B on four GPUs.
@@ -69,7 +69,7 @@ def test_realistic_unit_parses() -> None:
     }
     assert spec.environment_files == ["-/etc/default/sglang"]
     assert spec.prefix == ""
-    assert len(spec.sha256) == 64
+    assert len(spec_sha256(spec.text)) == 64
 
 
 def test_changing_a_value_rewrites_only_its_line() -> None:
@@ -326,7 +326,11 @@ def test_spec_json_round_trip_rederives_from_text() -> None:
     spec = parse(SGLANG_UNIT, "unit")
     again = LaunchSpec.model_validate_json(spec.model_dump_json())
     assert again == spec
-    assert (again.argv, again.env, again.sha256) == (spec.argv, spec.env, spec.sha256)
+    assert (again.argv, again.env, spec_sha256(again.text)) == (
+        spec.argv,
+        spec.env,
+        spec_sha256(spec.text),
+    )
     assert set(spec.model_dump()) == {"kind", "text", "dropin"}
 
 

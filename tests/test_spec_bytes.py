@@ -21,7 +21,7 @@ from flagtrial.demo import write_unit
 from flagtrial.engines import make_engine
 from flagtrial.errors import RollbackError
 from flagtrial.launch.change import Change, Edit
-from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_unit
+from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_unit, spec_sha256
 from flagtrial.ledger import SCHEMA_VERSION, Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets.process import ProcessTarget
@@ -61,7 +61,7 @@ def test_ledger_stores_spec_bytes_and_hashes_them_once(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "l.db")
     gen = ledger.record_generation("t", text)
     assert encode_spec(ledger.generation(gen.id).spec_text) == data
-    assert gen.spec_sha256 == parse_unit(text).sha256 == hashlib.sha256(data).hexdigest()
+    assert gen.spec_sha256 == spec_sha256(parse_unit(text).text) == hashlib.sha256(data).hexdigest()
     # the same bytes are the same generation; a changed line ending is a new one
     assert ledger.record_generation("t", text).id == gen.id
     assert ledger.record_generation("t", text.replace("\r\n", "\n")).id != gen.id

@@ -203,6 +203,40 @@ def test_systemd_reads_what_was_parsed_and_rendered(text: str, flag: str, source
         assert env_entries == [f"{k}={v}" for k, v in expand_env(unit.env).items()]
 
 
+RESETS = (
+    "[Service]\n"
+    "ExecStart=/bin/false\n"
+    "Environment=A=1\n"
+    "Environment=\n"
+    'Environment=B=2 "C=3 4"\n'
+    "EnvironmentFile=-/nonexistent\n"
+    "ExecStart=\n"
+    "ExecStart={prefix}/bin/echo echo-name \\\n"
+    "  -np 4 \\\n"
+    "  --drop me \\\n"
+    "  --last y\n"
+    "Environment=D=5"
+)
+
+
+@pytest.mark.parametrize("prefix", ["-@", "+@", "!!@", ":@"])
+def test_systemd_reads_resets_prefixes_and_removed_lines_as_parsed(prefix: str) -> None:
+    """What the sampled units above never hold: the reader's resets and prefix characters,
+    the renderer dropping a line, a whole Environment= and a continuation."""
+    spec = parse_unit(RESETS.format(prefix=prefix))
+    assert (spec.prefix, spec.program) == (prefix, ["/bin/echo"])
+    argv = spec.argv
+    dropped = spec.with_argv([w for w in argv if w not in ("--drop", "me")])
+    edited = dropped.with_argv(dropped.argv[:-2]).with_env({"B": "9"}, {"D"})
+    # the dropped last line had no ending, so the file still ends without one
+    assert edited.text.endswith("ExecStart=" + prefix + "/bin/echo echo-name \\\n  -np 4")
+    assert (edited.argv, edited.env) == (argv[:-4], {"B": "9", "C": "3 4"})
+    for unit in (spec, dropped, edited):
+        argvs, env_entries, _ = systemd_parse(unit.text)
+        assert argvs == [unit.argv[1:]]  # with `@`, systemd shows argv[0] on
+        assert env_entries == [f"{k}={v}" for k, v in unit.env.items()]
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

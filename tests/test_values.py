@@ -28,8 +28,9 @@ from flagtrial.cache import llama_server_path
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.errors import ChangeError
 from flagtrial.launch.change import Change, Edit, apply_change
-from flagtrial.launch.schema import FlagSchema, value_problem
+from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import parse_unit
+from flagtrial.launch.values import value_problem
 from flagtrial.targets.process import ProcessTarget
 from test_engine_sglang import seed_project  # noqa: F401 - an SGLang stand-in project
 from test_trial import Project, project  # noqa: F401 - the real llama-server project fixture

@@ -24,9 +24,9 @@ from typing import Any
 from flagtrial.errors import SpecError
 from flagtrial.launch.execwords import Word, env_name_is_valid
 
-# Private parts of the unit parser: redaction must split a unit exactly as systemd (and
-# launch.spec) does, or a secret hidden by a continuation line or quotes would slip through.
-from flagtrial.launch.spec import _Directive, _Line, _parse_directives, _split_lines
+# The spec's own lexer: redaction must split a unit exactly as systemd (and LaunchSpec) does,
+# or a secret hidden by a continuation line or quotes would slip through.
+from flagtrial.launch.lexer import Directive, Line, parse_directives, split_lines
 
 MARK = "<redacted>"
 
@@ -91,7 +91,7 @@ class Redactor:
 
     def learn_spec(self, text: str) -> None:
         """Remember the secret values a launch spec holds (Environment=, flags, credentials)."""
-        self.learn(*(value for _, value, _ in self._secret_spans(_split_lines(text))))
+        self.learn(*(value for _, value, _ in self._secret_spans(split_lines(text))))
 
     def learn_change(self, edits: Iterable[Any]) -> None:
         """Remember the values of a change's edits that name a secret (Edit models or dicts)."""
@@ -129,7 +129,7 @@ class Redactor:
         return "".join(self._spec_lines(text))
 
     def _spec_lines(self, text: str) -> list[str]:
-        lines = _split_lines(text)
+        lines = split_lines(text)
         located = self._locate(lines)
         out: list[str] = []
         for li, line in enumerate(lines):
@@ -183,13 +183,13 @@ class Redactor:
 
     # finding secrets in a spec
 
-    def _secret_spans(self, lines: list[_Line]) -> list[_Found]:
+    def _secret_spans(self, lines: list[Line]) -> list[_Found]:
         """Each secret value in a spec: where its source lies, (line, start col, end col) per
         physical line, the value, and what to show in its place."""
         try:
-            directives = _parse_directives(lines, unit=True)
+            directives = parse_directives(lines, unit=True)
         except SpecError:
-            directives = _parse_directives(lines, unit=False)  # a command file
+            directives = parse_directives(lines, unit=False)  # a command file
         found: list[_Found] = []
         for d in directives:
             try:
@@ -201,7 +201,7 @@ class Redactor:
             found += [(_columns(lines, d, s, e), value, shown) for s, e, value, shown in secrets]
         return found
 
-    def _locate(self, lines: list[_Line]) -> dict[int, list[tuple[int, int, str]]]:
+    def _locate(self, lines: list[Line]) -> dict[int, list[tuple[int, int, str]]]:
         """Replacements per line: (start col, end col, new text)."""
         by_line: dict[int, list[tuple[int, int, str]]] = {}
         for spans, _, shown in self._secret_spans(lines):
@@ -209,7 +209,7 @@ class Redactor:
                 by_line.setdefault(li, []).append((c0, c1, shown if k == 0 else ""))
         return by_line
 
-    def _in_directive(self, d: _Directive) -> list[tuple[int, int, str, str]]:
+    def _in_directive(self, d: Directive) -> list[tuple[int, int, str, str]]:
         """(start, end, value, shown instead) of each secret in a directive's value text."""
         if d.key == "Environment":
             return self._assignments(_words(d, exec_rules=False))
@@ -252,12 +252,12 @@ def _is_assignment(word: str) -> bool:
     return bool(eq) and env_name_is_valid(name)
 
 
-def _words(d: _Directive, *, exec_rules: bool) -> list[Word]:
+def _words(d: Directive, *, exec_rules: bool) -> list[Word]:
     # Environment= refuses unknown escapes (as systemd does), ExecStart= keeps them.
     return d.words(exec_rules=exec_rules, relax_escapes=exec_rules)
 
 
-def _columns(lines: list[_Line], d: _Directive, start: int, end: int) -> list[tuple[int, int, int]]:
+def _columns(lines: list[Line], d: Directive, start: int, end: int) -> list[tuple[int, int, int]]:
     """Where value[start:end] of a directive lies: (line, start col, end col) per physical
     line, a continuation's backslash left out (it must stay, or the next line joins)."""
     spans: dict[int, list[int]] = {}
@@ -270,7 +270,7 @@ def _columns(lines: list[_Line], d: _Directive, start: int, end: int) -> list[tu
 
 
 def _physical(text: str) -> list[str]:
-    return [line.content + line.eol for line in _split_lines(text)]
+    return [line.content + line.eol for line in split_lines(text)]
 
 
 def _range(start: int, stop: int) -> str:

@@ -22,8 +22,9 @@ from flagtrial.launch.execwords import (
     resolve_specifiers,
     unliteral_word,
 )
-from flagtrial.launch.schema import ArgItem, FlagDef, FlagSchema, parse_argv, value_problem
+from flagtrial.launch.schema import ArgItem, FlagDef, FlagSchema, parse_argv
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.launch.values import value_problem
 
 EditOp = Literal["add", "remove", "set", "setenv", "unsetenv"]
 

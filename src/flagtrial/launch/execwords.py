@@ -142,42 +142,49 @@ def scan_words(s: str, *, exec_rules: bool = True, relax_escapes: bool = True) -
             words.append(Word(";", start, i + 2))
             i += 2
             continue
-        buf = bytearray()
-        quote = ""
-        while i < n:
-            c = s[i]
-            if not quote and c in WHITESPACE:
-                break
-            if not quote and c in "'\"":
-                quote = c
-                i += 1
-                continue
-            if quote and c == quote:
-                quote = ""
-                i += 1
-                continue
-            if c != "\\":
-                buf += _encode(c)
-                i += 1
-                continue
-            if i + 1 >= n:
-                if quote:
-                    break  # reported as unbalanced quoting below, as systemd does
-                buf += b"\\"  # an unquoted trailing backslash is kept
-                i += 1
-                continue
-            decoded = _unescape_one(s, i + 1)
-            if decoded is None:
-                if not relax_escapes:
-                    raise SpecError(f"unknown escape sequence \\{s[i + 1]} in {s!r}")
-                buf += b"\\" + _encode(s[i + 1])
-                i += 2
-            else:
-                buf += decoded[1]
-                i += 1 + decoded[0]
-        if quote:
-            raise SpecError(f"unbalanced quoting in {s!r}")
-        words.append(Word(buf.decode("utf-8", "surrogateescape"), start, i))
+        text, i = _scan_word(s, i, relax_escapes=relax_escapes)
+        words.append(Word(text, start, i))
+
+
+def _scan_word(s: str, i: int, *, relax_escapes: bool) -> tuple[str, int]:
+    """The word starting at s[i], unquoted and unescaped, and where it ends."""
+    n = len(s)
+    buf = bytearray()
+    quote = ""
+    while i < n:
+        c = s[i]
+        if not quote and c in WHITESPACE:
+            break
+        if not quote and c in "'\"":
+            quote = c
+            i += 1
+            continue
+        if quote and c == quote:
+            quote = ""
+            i += 1
+            continue
+        if c != "\\":
+            buf += _encode(c)
+            i += 1
+            continue
+        if i + 1 >= n:
+            if quote:
+                break  # reported as unbalanced quoting below, as systemd does
+            buf += b"\\"  # an unquoted trailing backslash is kept
+            i += 1
+            continue
+        decoded = _unescape_one(s, i + 1)
+        if decoded is None:
+            if not relax_escapes:
+                raise SpecError(f"unknown escape sequence \\{s[i + 1]} in {s!r}")
+            buf += b"\\" + _encode(s[i + 1])
+            i += 2
+        else:
+            buf += decoded[1]
+            i += 1 + decoded[0]
+    if quote:
+        raise SpecError(f"unbalanced quoting in {s!r}")
+    return buf.decode("utf-8", "surrogateescape"), i
 
 
 def split_words(s: str) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
 from flagtrial.launch.execwords import expand_env, expand_words
-from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec
+from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, spec_sha256
 from flagtrial.targets.base import HostFacts, ServerState
 from flagtrial.targets.holder import (
     LockHolder,
@@ -187,9 +187,8 @@ class ProcessTarget:
         executable, argv = (argv[0], argv[1:]) if "@" in spec.prefix else (argv[0], argv)
         with open(self.log_path, "ab") as log:
             mark = log.tell()
-            log.write(
-                f"=== flagtrial start {time.strftime('%FT%T')} spec {spec.sha256[:12]}\n".encode()
-            )
+            digest = spec_sha256(spec.text)[:12]
+            log.write(f"=== flagtrial start {time.strftime('%FT%T')} spec {digest}\n".encode())
             log.flush()
             try:
                 self._child = subprocess.Popen(
