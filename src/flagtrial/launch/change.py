@@ -282,6 +282,7 @@ def _apply_flag_edit(items: list[ArgItem], e: Edit, schema: FlagSchema) -> list[
         return [*items, ArgItem(flag, words, new_values, flag.canonical)]
     k = present[0]
     used = items[k].name or flag.canonical
+    kept: tuple[str, ...]
     if items[k].attached and len(new_values) == 1:
         kept = (f"{used}={new_values[0]}",)
     else:

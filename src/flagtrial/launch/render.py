@@ -147,12 +147,11 @@ def render_directive(
 
     result: dict[int, list[str]] = {li: [] for li in d.lines}
     owner = d.lines[0]
-    for k, (li, content) in enumerate(out_rows):
+    for k, (source_line, content) in enumerate(out_rows):
         want_continued = k + 1 < len(out_rows)
-        content = _set_continuation(content, want_continued)
-        if li is not None:
-            owner = li
-        result[owner].append(content)
+        if source_line is not None:
+            owner = source_line
+        result[owner].append(_set_continuation(content, want_continued))
     return result
 
 
