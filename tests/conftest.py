@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.modelgen import generate_model
+from harness.servers import wait_healthy
 
 # The real vLLM and SGLang servers' fixtures (vllm_server, sglang_server, ...).
-pytest_plugins = ["vllm_fixtures", "sglang_fixtures"]
+pytest_plugins = ["harness.vllm_fixtures", "harness.sglang_fixtures"]
 
 
 @pytest.fixture(scope="session")
@@ -51,18 +50,6 @@ def tiny_model(models_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def small_model(models_dir: Path) -> Path:
     return generate_model(models_dir / "small.gguf", size="small", seed=1)
-
-
-def wait_healthy(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"llama-server at {url} not healthy after {timeout_s}s")
 
 
 @pytest.fixture
@@ -107,7 +94,7 @@ def have(cmd: str) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from faultfigures import lines
+    from harness.faultfigures import lines
 
     if lines():
         terminalreporter.section("fault injection")

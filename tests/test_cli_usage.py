@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from flagtrial.engines import make_engine
 from flagtrial.judge import decide
 from flagtrial.launch.change import Change, Edit
@@ -24,7 +23,7 @@ from flagtrial.settings import Policy, load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import ServerDiedError, Session, Trial
-from runsummaries import summary
+from harness.runsummaries import summary
 
 FLAGTRIAL = [sys.executable, "-m", "flagtrial"]
 

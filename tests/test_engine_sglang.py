@@ -11,9 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
-from fixtures.engines.standin import write_project
-from fixtures.engines.wheels import SGLANG, SGLANG_OLD, engine_site, package_dir
+from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.engines.flag_table import EngineSchema, check_candidate
 from flagtrial.engines.pyengine import engine_schema
@@ -27,6 +25,8 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
+from harness.standin import write_project
+from harness.wheels import SGLANG, SGLANG_OLD, engine_site, package_dir
 
 PROGRAM = "python3 -m sglang.launch_server"
 

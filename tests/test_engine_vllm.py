@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from fixtures.engines.standin import write_project
-from fixtures.engines.wheels import VLLM, engine_site, package_dir
+from flagtrial.demo import free_port
 from flagtrial.engines import logfacts, promtext
 from flagtrial.engines.pyengine import engine_schema
 from flagtrial.engines.source_flags import extract
@@ -21,7 +19,9 @@ from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import run_trial
+from harness.standin import write_project
+from harness.vllm_fixtures import run_trial
+from harness.wheels import VLLM, engine_site, package_dir
 
 
 @pytest.fixture(scope="module")

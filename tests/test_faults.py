@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from faultfigures import record
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from flagtrial.engines import make_engine
 from flagtrial.errors import LedgerError
 from flagtrial.launch.change import Change, Edit
@@ -27,6 +25,7 @@ from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
+from harness.faultfigures import record
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from faultfigures import record
 from flagtrial.engines import make_engine
 from flagtrial.errors import TargetError
 from flagtrial.launch.change import Change, Edit
@@ -24,7 +23,8 @@ from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
-from hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.faultfigures import record
+from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from fixtures.engines.standin import write_project
-from fixtures.engines.wheels import SGLANG, SGLANG_OLD, engine_site
+from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.errors import GateError
 from flagtrial.launch.change import Change, Edit
@@ -23,6 +21,8 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial, TrialOutcome
+from harness.standin import write_project
+from harness.wheels import SGLANG, SGLANG_OLD, engine_site
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.judge import Effect, Verdict, decide
 from flagtrial.load.summary import RunSummary
 from flagtrial.settings import Policy
-from runsummaries import summary
+from harness.runsummaries import summary
 
 
 def facts(slots: float) -> Facts:

@@ -14,12 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import free_port
-from fixtures.engines.standin import write_project
+from flagtrial.demo import free_port
 from flagtrial.engines import promtext
 from flagtrial.facts import Facts, Limit, Rewrite, diff_facts
 from flagtrial.load.client import build_prompt
 from flagtrial.targets.process import ProcessTarget
+from harness.standin import write_project
 
 pytestmark = pytest.mark.slow
 

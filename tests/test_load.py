@@ -12,7 +12,7 @@ import httpx
 import pydantic
 import pytest
 
-from conftest import free_port, wait_healthy
+from flagtrial.demo import free_port
 from flagtrial.load import (
     RequestRecord,
     RunResult,
@@ -22,6 +22,7 @@ from flagtrial.load import (
     run_level_sync,
     summarize,
 )
+from harness.servers import wait_healthy
 
 
 def test_workload_defaults_documented_and_validated() -> None:

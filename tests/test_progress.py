@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import free_port
+from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.engines.base import StartProgress, start_phases_seen
 from flagtrial.engines.llamacpp import START_PHASES as LLAMACPP

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from flagtrial.ledger import Ledger
 from flagtrial.targets.holder import proc_start_ticks
 from test_faults import REVERT_CHANGE, Project

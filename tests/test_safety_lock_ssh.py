@@ -17,7 +17,7 @@ import pytest
 
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
-from hosts import TEST_KEY, SystemdHost, llama_host, llama_unit, ssh_project
+from harness.hosts import TEST_KEY, SystemdHost, llama_host, llama_unit, ssh_project
 from test_safety_lock import said, wait_stopped
 
 pytestmark = pytest.mark.slow

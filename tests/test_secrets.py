@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from test_trial import FLAGTRIAL, Project
 
 pytestmark = pytest.mark.slow

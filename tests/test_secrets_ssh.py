@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
 
 pytestmark = pytest.mark.slow
 

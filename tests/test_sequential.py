@@ -14,7 +14,7 @@ from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.sequential import Continue, Design, Sequential, Stop, choose_design
 from flagtrial.settings import Policy
-from runsummaries import summary
+from harness.runsummaries import summary
 
 FACTS = Facts(engine="llamacpp", capacity={"concurrent_requests": 8}, settings={"n_slots": 8})
 NO_DIFF = diff_facts(FACTS, FACTS, set())

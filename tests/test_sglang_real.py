@@ -23,7 +23,7 @@ from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from sglang_fixtures import KV_TOKENS, SglangServer, write_sglang_project
+from harness.sglang_fixtures import KV_TOKENS, SglangServer, write_sglang_project
 
 
 def host(tmp_path: Path) -> ProcessTarget:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from flagtrial.engines import make_engine
 from flagtrial.errors import RollbackError
 from flagtrial.launch.change import Change, Edit
@@ -26,7 +25,7 @@ from flagtrial.ledger import SCHEMA_VERSION, Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
-from hosts import LLAMA_PORT, SystemdHost, llama_host, llama_unit, ssh_project
+from harness.hosts import LLAMA_PORT, SystemdHost, llama_host, llama_unit, ssh_project
 
 LATIN1_COMMENT = b"# r\xe9glage du serveur (Latin-1)\n"
 

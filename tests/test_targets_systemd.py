@@ -25,7 +25,7 @@ from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import ServerState
 from flagtrial.targets.ssh import SshTarget
 from flagtrial.targets.systemd import LOCK_DIR, START_LIMIT_LINE, SystemdTarget
-from hosts import (
+from harness.hosts import (
     TEST_KEY,
     SystemdHost,
     llama_unit,

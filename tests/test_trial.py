@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from flagtrial.demo import write_unit
+from flagtrial.demo import free_port, write_unit
 from flagtrial.engines import make_engine
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger

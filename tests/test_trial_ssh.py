@@ -20,7 +20,7 @@ from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
-from hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flagtrial
-from fixtures.engines.wheels import SGLANG
 from flagtrial.cache import llama_server_path
 from flagtrial.engines.llamacpp import LlamaCppEngine
 from flagtrial.errors import ChangeError
@@ -32,6 +31,7 @@ from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import parse_unit
 from flagtrial.launch.values import value_problem
 from flagtrial.targets.process import ProcessTarget
+from harness.wheels import SGLANG
 from test_engine_sglang import seed_project  # noqa: F401 - an SGLang stand-in project
 from test_trial import Project, project  # noqa: F401 - the real llama-server project fixture
 

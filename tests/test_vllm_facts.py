@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.engines.standin import write_project
 from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.facts import Facts, Limit, diff_facts
@@ -25,7 +24,8 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session
-from vllm_fixtures import MODULE, READY_TIMEOUT_S, flood, vllm_args
+from harness.standin import write_project
+from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, flood, vllm_args
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
-from vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
+from harness.vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
 
 
 def read_facts(server: VllmServer) -> Facts:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.engines.standin import WORKLOAD
 from flagtrial.engines import make_engine
 from flagtrial.engines.base import wait_ready
 from flagtrial.engines.vllm import VllmEngine
@@ -35,8 +34,9 @@ from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
-from hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
-from vllm_fixtures import MODULE, READY_TIMEOUT_S, VLLM_ENV, VllmServer, vllm_args
+from harness.hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
+from harness.standin import WORKLOAD
+from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, VLLM_ENV, VllmServer, vllm_args
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fixtures.engines.standin import write_project
 from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
 from flagtrial.engines import make_engine, promtext
@@ -31,6 +30,7 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Notify, Session, Trial
+from harness.standin import write_project
 
 # No hub; a 1 GiB KV cache (the CPU build sizes it from this, not from free memory);
 # PYTHONPATH cleared: tests that point it at a wheel's source must not reach the real server.

@@ -24,12 +24,14 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from flagtrial.cache import cache_root
+from harness.project import write_project_file
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CACHE = cache_root()
 TEST_KEY = CACHE / "test-ssh" / "id_ed25519"
 PID_DIR = Path("/run/flagtrial-test")
@@ -304,10 +306,31 @@ def ssh_project(
     (`engine = ...`), `tables` adds [workload], [policy]."""
     host.reset_unit(unit)
     host.install_unit(unit, unit_text)
-    path.write_text(
-        f'target = "{host.url}"\nunit = "{unit}"\nendpoint = "{endpoint or host.endpoint}"\n'
-        f"ready_timeout_s = {ready_timeout_s:g}\n{top}"
-        f'[ssh]\nknown_hosts = "{host.known_hosts}"\nidentity_file = "{TEST_KEY}"\n'
-        'ssh_config = "/dev/null"\nconnect_timeout_s = 5\n' + tables
+    return write_project_file(
+        path,
+        f"{top}\n{tables}",
+        target=host.url,
+        unit=unit,
+        endpoint=endpoint or host.endpoint,
+        ready_timeout_s=ready_timeout_s,
+        ssh={
+            "known_hosts": str(host.known_hosts),
+            "identity_file": str(TEST_KEY),
+            "ssh_config": "/dev/null",
+            "connect_timeout_s": 5,
+        },
     )
-    return path
+
+
+def host_fixture(n: int) -> Any:
+    """The module's `host` fixture: container ft-N booted once for the module, with the real
+    llama-server and the tiny model under /opt/shared (`host = host_fixture(N)`)."""
+
+    @pytest.fixture(scope="module")
+    def host(
+        tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
+    ) -> Iterator[SystemdHost]:
+        with llama_host(n, tmp_path_factory, llama_server_bin, tiny_model) as h:
+            yield h
+
+    return host

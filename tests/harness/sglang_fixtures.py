@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 import flagtrial
-from fixtures.engines.standin import write_project
 from flagtrial.cache import cache_root, sglang_python
 from flagtrial.demo import free_port
 from flagtrial.engines.base import wait_ready
@@ -31,6 +30,7 @@ from flagtrial.engines.sglang import SglangEngine
 from flagtrial.facts import Facts
 from flagtrial.load.workload import Workload
 from flagtrial.targets.process import ProcessTarget
+from harness.standin import write_project
 
 # SGLang's CPU platform is chosen by this variable alone (srt/utils/common.py `is_cpu`); no
 # hub; PYTHONPATH cleared: tests that point it at a wheel's source must not reach the server.
