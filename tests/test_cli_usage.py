@@ -8,28 +8,27 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flagtrial.demo import free_port, write_unit
-from flagtrial.engines import make_engine
 from flagtrial.judge import decide
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
-from flagtrial.settings import Policy, load_project
-from flagtrial.targets import make_target
+from flagtrial.settings import Policy
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import ServerDiedError, Session, Trial
+from harness.cli import cli as run_cli
+from harness.project import write_project_file
 from harness.runsummaries import summary
-
-FLAGTRIAL = [sys.executable, "-m", "flagtrial"]
+from harness.session import session_for
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*FLAGTRIAL, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+    """`flagtrial ARGS`, no --project added."""
+    return run_cli(None, *args, cwd=cwd)
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
@@ -50,25 +49,17 @@ class Served:
         self.port = port
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return cli(*args, "--project", str(self.file))
+        return run_cli(self.file, *args)
 
     def target(self) -> ProcessTarget:
         return ProcessTarget(self.unit, self.root / ".flagtrial" / "process")
 
     def session(self, on_event: object = None) -> Session:
-        project = load_project(self.file)
-
         def notify(state: str, detail: str) -> None:
             if callable(on_event):
                 on_event(state, detail)
 
-        return Session(
-            project,
-            make_target(project),
-            make_engine("llamacpp"),
-            Ledger(project.ledger_path),
-            notify,
-        )
+        return session_for(self.file, notify)
 
 
 @pytest.fixture
@@ -76,11 +67,12 @@ def served(tmp_path: Path, llama_server_bin: Path, tiny_model: Path) -> Iterator
     port = free_port()
     proj = Served(tmp_path, port)
     write_unit(proj.unit, llama_server_bin, tiny_model, port)
-    proj.file.write_text(
+    write_project_file(
+        proj.file,
         f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
         "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 8\n"
         "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 60\n"
-        "[policy]\nruns = 2\nmax_runs = 3\nset_aside_disturbed = false\n"
+        "[policy]\nruns = 2\nmax_runs = 3\nset_aside_disturbed = false\n",
     )
     yield proj
     asyncio.run(proj.target().stop())

@@ -20,11 +20,11 @@ from flagtrial.engines.source_flags import extract
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial
+from flagtrial.trial import Trial
+from harness.session import recorder, session_for
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site, package_dir
 
@@ -276,20 +276,9 @@ SEED_CHANGE = Change(
 STANDIN_ENV = {"FLAGTRIAL_STANDIN_GPU": "sm120:96", "FLAGTRIAL_STANDIN_TOKEN_DELAY_S": "0.01"}
 
 
-def session_for(project_file: Path, events: list[tuple[str, str]]) -> Session:
-    project = load_project(project_file)
-    return Session(
-        project,
-        make_target(project),
-        make_engine(project.engine),
-        Ledger(project.ledger_path),
-        lambda state, detail: events.append((state, detail)),
-    )
-
-
 def run_trial(project_file: Path, change: Change) -> tuple[object, list[tuple[str, str]]]:
     events: list[tuple[str, str]] = []
-    session = session_for(project_file, events)
+    session = session_for(project_file, recorder(events))
     target = session.target
     assert isinstance(target, ProcessTarget)
     try:

@@ -11,21 +11,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flagtrial.demo import free_port, write_unit
-from flagtrial.engines import make_engine
 from flagtrial.errors import LedgerError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
-from flagtrial.trial import Session, Trial
+from flagtrial.trial import Trial
+from harness.cli import cli
 from harness.faultfigures import record
+from harness.project import update_project_file, write_project_file
+from harness.session import session_for
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +56,8 @@ class Project:
         self.ledger_path = root / ledger
         self.unit.write_text(unit_text)
         port = int(unit_text.split("--port ")[1].split()[0])
-        self.file.write_text(
+        write_project_file(
+            self.file,
             f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\n'
             f'ready_timeout_s = 30\nledger = "{ledger}"\n'
             "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
@@ -66,15 +66,11 @@ class Project:
             # trial ends on (so the revert restarts). Every run counts: the kill points must
             # come in the same order on a busy machine too.
             '[policy]\nruns = 2\nmax_runs = 2\nprotocol = "interleaved"\n'
-            "set_aside_disturbed = false\n"
+            "set_aside_disturbed = false\n",
         )
 
     def cli(self, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": faults}
-        return subprocess.run(
-            [sys.executable, "-m", "flagtrial", *args, "--project", str(self.file)],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
+        return cli(self.file, *args, faults=faults)
 
     def facts(self) -> dict[str, float]:
         result = self.cli("facts", "--json")
@@ -160,12 +156,12 @@ def test_killed_after_keep_was_judged_finishes_the_promotion(make_project, proto
     # a gain far beyond the noise, so the verdict is KEEP.
     batches = "--threads 1 --batch-size 16 --ubatch-size 16"
     project.unit.write_text(project.unit.read_text().replace("--threads 1", batches))
-    text = project.file.read_text().replace("prompt_words = 16", "prompt_words = 200")
-    text = text.replace("requests_per_run = 4", "requests_per_run = 8")
-    # enough runs for the interval to decide (5 pairs at the least)
-    text = text.replace("max_runs = 2", "max_runs = 20")
-    text = text.replace('protocol = "interleaved"', f'protocol = "{protocol}"')
-    project.file.write_text(text.replace("max_tokens = 16", "max_tokens = 8"))
+    update_project_file(
+        project.file,
+        workload={"prompt_words": 200, "requests_per_run": 8, "max_tokens": 8},
+        # enough runs for the interval to decide (5 pairs at the least)
+        policy={"max_runs": 20, "protocol": protocol},
+    )
     capacity = project.facts()
     result = project.cli("trial", "--set", "-b=512", "--set", "-ub=512", faults="judged=KILL")
     assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
@@ -228,14 +224,7 @@ def test_disk_full_under_the_ledger(make_project, tmp_path: Path) -> None:  # ty
                 with contextlib.suppress(OSError):
                     filler.write_bytes(b"x" * (4 << 20))
 
-        proj = load_project(project.file)
-        session = Session(
-            proj,
-            make_target(proj),
-            make_engine("llamacpp"),
-            Ledger(proj.ledger_path),
-            fill_disk_when_measuring,
-        )
+        session = session_for(project.file, fill_disk_when_measuring)
         change = Change(edits=[Edit(op="set", name="--parallel", value="-1")])
         with pytest.raises(LedgerError):
             asyncio.run(Trial(session, change).run())

@@ -7,24 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from flagtrial.engines import make_engine
 from flagtrial.errors import TargetError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
-from flagtrial.targets import make_target
-from flagtrial.trial import Session, Trial
+from flagtrial.trial import Trial
+from harness.cli import cli as run_cli
 from harness.faultfigures import record
-from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
+from harness.session import session_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +31,7 @@ KNOWN_GOOD = llama_unit("-np 8")
 CHANGE = ("--set", "--parallel=-1")
 
 
-@pytest.fixture(scope="module")
-def host(
-    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
-) -> Iterator[SystemdHost]:
-    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
-        yield h
+host = host_fixture(N)
 
 
 @pytest.fixture
@@ -59,11 +51,7 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
 
 
 def cli(project: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": faults}
-    return subprocess.run(
-        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+    return run_cli(project, *args, faults=faults)
 
 
 def capacity(project: Path) -> dict[str, float]:
@@ -123,9 +111,7 @@ def test_ssh_cut_at_each_remote_step(host: SystemdHost, project: Path, cut_at: s
             host.kill_ssh_sessions()
             host.sh("systemctl stop ssh.socket ssh.service 2>/dev/null; true")
 
-    proj = load_project(project)
-    session = Session(proj, make_target(proj), make_engine("llamacpp"),
-                      Ledger(proj.ledger_path), cut)  # fmt: skip
+    session = session_for(project, cut)
 
     async def trial() -> None:
         try:

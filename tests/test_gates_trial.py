@@ -5,22 +5,19 @@ unless forced) and is a NO-OP ON THIS HARDWARE with 0.5.10 (cited in the REVERT)
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flagtrial.demo import free_port
-from flagtrial.engines import make_engine
 from flagtrial.errors import GateError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial, TrialOutcome
+from flagtrial.trial import Trial, TrialOutcome
+from harness.cli import cli
+from harness.project import update_project_file
+from harness.session import session_for
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site
 
@@ -37,14 +34,11 @@ FUSION = Change(edits=[Edit(op="add", name="--enable-flashinfer-allreduce-fusion
 def project_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: tuple[str, str]) -> Path:
     monkeypatch.setenv("PYTHONPATH", str(engine_site(*release)))
     path = write_project(tmp_path, "sglang", [*ARGS, "--port", str(free_port())], ENV)
-    path.write_text(path.read_text() + DECLARED)
-    return path
+    return update_project_file(path, DECLARED)
 
 
 def trial(project: Path, force: bool = False) -> TrialOutcome:
-    proj = load_project(project)
-    session = Session(proj, make_target(proj), make_engine("sglang"), Ledger(proj.ledger_path),
-                      lambda state, detail: None)  # fmt: skip
+    session = session_for(project)
     target = session.target
     assert isinstance(target, ProcessTarget)
 
@@ -70,12 +64,7 @@ def test_fails_at_startup_stops_before_deploying(tmp_path: Path, monkeypatch) ->
     # not even the known-good was restarted for it
     assert "restarting" not in [e.state for e in ledger.events(row.id)]
     # preflight says the same, with the evidence chain, and fails (exit 4)
-    env = {**os.environ, "COLUMNS": "250"}
-    result = subprocess.run(
-        [sys.executable, "-m", "flagtrial", "preflight", "--add",
-         "--enable-flashinfer-allreduce-fusion", "--project", str(project)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+    result = cli(project, "preflight", "--add", "--enable-flashinfer-allreduce-fusion")
     assert result.returncode == 4, result.stdout + result.stderr
     assert "FAILS AT STARTUP" in result.stdout
     assert "sglang/srt/layers/flashinfer_comm_fusion.py:49" in result.stdout

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,8 @@ from flagtrial.engines import promtext
 from flagtrial.facts import Facts, Limit, Rewrite, diff_facts
 from flagtrial.load.client import build_prompt
 from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
+from harness.project import update_project_file
 from harness.standin import write_project
 
 pytestmark = pytest.mark.slow
@@ -35,18 +35,12 @@ class Server:
         self.target = ProcessTarget(root / "llamacpp.service", root / ".flagtrial" / "process")
 
     def workload(self, prompt_words: int, max_tokens: int) -> None:
-        text = self.project.read_text()
-        text = text.replace("prompt_words = 16", f"prompt_words = {prompt_words}")
-        self.project.write_text(text.replace("max_tokens = 16", f"max_tokens = {max_tokens}"))
+        workload = {"prompt_words": prompt_words, "max_tokens": max_tokens}
+        update_project_file(self.project, workload=workload)
 
     def facts(self) -> Facts:
         """The known-good's facts as `flagtrial facts` reads them (it starts the server)."""
-        out = subprocess.run(
-            [sys.executable, "-m", "flagtrial", "facts", "--json", "--project", str(self.project)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = cli(self.project, "facts", "--json", timeout=120)
         assert out.returncode == 0, out.stderr
         # Progress lines come first when it starts the server.
         return Facts.model_validate(json.loads(out.stdout[out.stdout.index("{\n") :])["facts"])

@@ -12,7 +12,6 @@ import pty
 import re
 import struct
 import subprocess
-import sys
 import termios
 from pathlib import Path
 
@@ -20,21 +19,20 @@ import pytest
 from rich.console import Console
 
 from flagtrial.demo import free_port
-from flagtrial.engines import make_engine
 from flagtrial.engines.base import StartProgress, start_phases_seen
 from flagtrial.engines.llamacpp import START_PHASES as LLAMACPP
 from flagtrial.engines.sglang import START_PHASES as SGLANG
 from flagtrial.engines.vllm import START_PHASES as VLLM
 from flagtrial.errors import ServerNotReadyError
 from flagtrial.launch.execwords import literal_word, quote_word
-from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
-from flagtrial.trial import Session
 from flagtrial.ui import UNWRAPPED, RestartProgress
+from harness.cli import cli, command
+from harness.project import write_project_file
+from harness.session import session_for
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
-FLAGTRIAL = [sys.executable, "-m", "flagtrial"]
 # What the real llama-server logs at `-lv 4` (tests/fixtures/logs/llamacpp-start-verbose.log):
 # the model's metadata, the memory fit, the tensors, the KV cache, the warm-up, the listener.
 LLAMACPP_VERBOSE = [
@@ -95,11 +93,10 @@ def write_llama_project(root: Path, server: Path, model: Path, port: int, *extra
         f"ExecStart={server_word} --model {model_word} \\\n"
         f"    --host 127.0.0.1 --port {port} --threads 1 --parallel 2 -lv 4 {' '.join(extra)}\n"
     )
-    project = root / "flagtrial.toml"
-    project.write_text(
-        f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 60\n'
+    return write_project_file(
+        root / "flagtrial.toml",
+        f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 60\n',
     )
-    return project
 
 
 @pytest.fixture
@@ -111,16 +108,8 @@ def llama_project(tmp_path: Path, llama_server_bin: Path, small_model: Path):
 
 
 def test_a_real_restart_reports_its_phases_in_order_ending_ready(llama_project: Path) -> None:
-    project = load_project(llama_project)
     reports: list[StartProgress] = []
-    session = Session(
-        project,
-        make_target(project),
-        make_engine("llamacpp"),
-        Ledger(project.ledger_path),
-        lambda state, detail: None,
-        reports.append,
-    )
+    session = session_for(llama_project, progress=reports.append)
 
     async def restart() -> None:
         await session.restart_and_read()
@@ -141,18 +130,11 @@ def test_a_real_restart_reports_its_phases_in_order_ending_ready(llama_project: 
 def test_a_crash_at_start_ends_the_progress_without_ready(
     tmp_path: Path, llama_server_bin: Path
 ) -> None:
-    project = load_project(
-        write_llama_project(tmp_path, llama_server_bin, tmp_path / "missing.gguf", free_port())
+    project = write_llama_project(
+        tmp_path, llama_server_bin, tmp_path / "missing.gguf", free_port()
     )
     reports: list[StartProgress] = []
-    session = Session(
-        project,
-        make_target(project),
-        make_engine("llamacpp"),
-        Ledger(project.ledger_path),
-        lambda state, detail: None,
-        reports.append,
-    )
+    session = session_for(project, progress=reports.append)
     with pytest.raises(ServerNotReadyError, match="crashed at start"):
         asyncio.run(session.restart_and_read())
     assert reports[-1].done and reports[-1].phase != "ready"  # the live line goes all the same
@@ -160,12 +142,7 @@ def test_a_crash_at_start_ends_the_progress_without_ready(
 
 
 def test_piped_output_has_a_line_per_phase(llama_project: Path) -> None:
-    result = subprocess.run(
-        [*FLAGTRIAL, "facts", "--project", str(llama_project)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli(llama_project, "facts", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "\r" not in result.stdout and "\x1b" not in result.stdout
     # the state column of each progress line (`10:30:47 KV allocation      0.0s  ...`)
@@ -178,12 +155,7 @@ def test_piped_output_has_a_line_per_phase(llama_project: Path) -> None:
 
 
 def test_json_mode_keeps_progress_on_stderr(llama_project: Path) -> None:
-    result = subprocess.run(
-        [*FLAGTRIAL, "facts", "--json", "--project", str(llama_project)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli(llama_project, "facts", "--json", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["generation"] == 1  # nothing but the document
     assert re.search(r"KV allocation +\d+\.\ds  .*llama_kv_cache", result.stderr), result.stderr
@@ -237,7 +209,7 @@ def run_in_terminal(argv: list[str], columns: int = 100) -> str:
 
 
 def test_a_terminal_gets_one_live_line_drawn_and_cleared(llama_project: Path) -> None:
-    raw = run_in_terminal([*FLAGTRIAL, "facts", "--project", str(llama_project)])
+    raw = run_in_terminal(command(llama_project, ("facts",)))
     plain = re.sub(r"\x1b\[[0-9;]*m", "", raw)
     drawn = re.findall(r"restarting \d+\.\ds  ([a-zA-Z ]+?)  ", plain)
     assert drawn, raw  # the live line was drawn, with a phase

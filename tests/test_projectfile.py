@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from pydantic import BaseModel
 
 from flagtrial.projectfile import template
 from flagtrial.settings import Project, Ssh, parse_project
+from harness.cli import cli
 
 
 def fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, object]]:
@@ -80,10 +79,7 @@ def test_keys_left_unset_are_commented_with_an_example_that_validates(tmp_path: 
 def test_init_writes_the_generated_file(tmp_path: Path) -> None:
     out = tmp_path / "flagtrial.toml"
     args = ["init", "--unit", "vllm.service", "--engine", "vllm", "--target", "local"]
-    done = subprocess.run(
-        [sys.executable, "-m", "flagtrial", *args, "-p", str(out)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = cli(out, *args, timeout=60)
     assert done.returncode == 0, done.stderr
     expected = Project(
         target="local", unit="vllm.service", engine="vllm", endpoint="http://127.0.0.1:8000"

@@ -7,7 +7,6 @@ is gone counts as unfinished, and `facts` never recovers it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import pytest
 from flagtrial.demo import free_port, write_unit
 from flagtrial.ledger import Ledger
 from flagtrial.targets.holder import proc_start_ticks
+from harness.cli import start
+from harness.project import update_project_file
 from test_faults import REVERT_CHANGE, Project
 
 pytestmark = pytest.mark.slow
@@ -54,11 +55,7 @@ def project(tmp_path: Path, llama_server_bin: Path, tiny_model: Path) -> Iterato
 
 def start_trial(project: Project, faults: str) -> subprocess.Popen[str]:
     """`flagtrial trial` of a change that REVERTs, as its own process."""
-    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": faults}
-    return subprocess.Popen(
-        [sys.executable, "-m", "flagtrial", "trial", *REVERT_CHANGE, "-p", str(project.file)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    return start(project.file, "trial", *REVERT_CHANGE, faults=faults)
 
 
 def wait_stopped(proc: subprocess.Popen[str]) -> None:
@@ -171,9 +168,7 @@ def test_only_a_gone_holder_leaves_an_unfinished_trial(project: Project) -> None
     """Killed mid-trial: `history` and `facts` say it is unfinished and restart nothing;
     `unlock --force` of a holder that ignores SIGTERM kills it and recovers the trial."""
     # the grace a holder gets for its own rollback follows the readiness timeout
-    project.file.write_text(
-        project.file.read_text().replace("ready_timeout_s = 30", "ready_timeout_s = 8")
-    )
+    update_project_file(project.file, ready_timeout_s=8)
     known_good = project.unit.read_text()
     capacity = project.facts()
     killed = project.cli("trial", *REVERT_CHANGE, faults="candidate-run-1=KILL")

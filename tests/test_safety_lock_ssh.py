@@ -7,17 +7,16 @@ the connection break) is broken by a plain `unlock`."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
-from harness.hosts import TEST_KEY, SystemdHost, llama_host, llama_unit, ssh_project
+from harness.cli import cli, start
+from harness.hosts import TEST_KEY, SystemdHost, host_fixture, llama_unit, ssh_project
 from test_safety_lock import said, wait_stopped
 
 pytestmark = pytest.mark.slow
@@ -57,12 +56,7 @@ done
 """
 
 
-@pytest.fixture(scope="module")
-def host(
-    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
-) -> Iterator[SystemdHost]:
-    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
-        yield h
+host = host_fixture(N)
 
 
 @pytest.fixture
@@ -77,14 +71,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
         '[policy]\nruns = 2\nmax_runs = 2\nprotocol = "interleaved"\n'
         "set_aside_disturbed = false\n",
     )
-
-
-def cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run(
-        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
 
 
 def capacity(project: Path) -> dict[str, float]:
@@ -108,11 +94,7 @@ def trial_state(project: Path) -> str:
 
 def test_live_trial_over_ssh_is_left_alone_until_forced(host: SystemdHost, project: Path) -> None:
     known = capacity(project)
-    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": "candidate-run-1=STOP"}
-    trial = subprocess.Popen(
-        [sys.executable, "-m", "flagtrial", "trial", *CHANGE, "--project", str(project)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    trial = start(project, "trial", *CHANGE, faults="candidate-run-1=STOP")
     try:
         wait_stopped(trial)
         candidate, serving = host.read(UNIT_PATH), invocation(host)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from flagtrial.demo import free_port, write_unit
-from test_trial import FLAGTRIAL, Project
+from harness.project import write_project_file
+from test_trial import Project
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,8 @@ def project(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterat
     proj.unit.write_text(text.replace("Environment=LLAMA_LOG_COLORS=off\n", ENVIRONMENT))
     proj.unit.chmod(0o600)
     os.chown(proj.unit, *OWNER)
-    proj.file.write_text(
+    write_project_file(
+        proj.file,
         f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
         'secret_names = ["MY_SETTING"]\n'
         "[workload]\nconcurrency = [8]\nprompt_words = 32\nmax_tokens = 24\n"
@@ -50,7 +52,7 @@ def project(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterat
         # REVERT on the capacity loss before any candidate load; keep what is unresolved
         '[policy]\nruns = 2\nmax_runs = 2\ncapacity_guard = "revert"\non_inconclusive = "keep"\n'
         # not about hygiene: a busy machine must not change the steps
-        "set_aside_disturbed = false\n"
+        "set_aside_disturbed = false\n",
     )
     yield proj
     proj.stop()
@@ -130,10 +132,7 @@ def test_secrets_reach_no_output_and_the_ledger_is_owner_only(project: Project) 
     (other / "flagtrial.toml").write_text(project.file.read_text())
 
     def import_into(src: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*FLAGTRIAL, "ledger", "import", str(src), "-p", str(other / "flagtrial.toml")],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        return cli(other / "flagtrial.toml", "ledger", "import", str(src), timeout=60)
 
     refused = import_into(exported)
     assert refused.returncode == 8 and "--include-secrets" in refused.stderr

@@ -4,15 +4,12 @@ remote script, and its secret values reach no output."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.cli import cli
+from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +22,7 @@ UNIT = llama_unit(
 )
 
 
-@pytest.fixture(scope="module")
-def host(
-    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
-) -> Iterator[SystemdHost]:
-    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
-        yield h
+host = host_fixture(N)
 
 
 @pytest.fixture
@@ -47,16 +39,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
     )
     host.sh('chown nobody:nogroup -- "$1" && chmod 0600 -- "$1"', UNIT_PATH)
     return path
-
-
-def cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "COLUMNS": "250"},
-    )
 
 
 def mode_and_owner(host: SystemdHost) -> str:

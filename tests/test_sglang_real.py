@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -23,6 +21,7 @@ from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
 from harness.sglang_fixtures import KV_TOKENS, SglangServer, write_sglang_project
 
 
@@ -187,11 +186,7 @@ def test_fewer_running_requests_revert_with_the_binding_limit_named(
     before = unit.read_bytes()
     target = make_target(load_project(project))
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "flagtrial", "trial", "--set", "--max-running-requests=2",
-             "--json", "--project", str(project)],
-            capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
+        result = cli(project, "trial", "--set", "--max-running-requests=2", "--json", timeout=900)
         assert result.returncode == 10, result.stdout + result.stderr  # REVERT
         outcome = json.loads(result.stdout)
         leader = asyncio.run(target.state()).pid

@@ -8,24 +8,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from flagtrial.demo import free_port, write_unit
-from flagtrial.engines import make_engine
 from flagtrial.errors import RollbackError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_unit, spec_sha256
 from flagtrial.ledger import SCHEMA_VERSION, Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial
-from harness.hosts import LLAMA_PORT, SystemdHost, llama_host, llama_unit, ssh_project
+from flagtrial.trial import Trial
+from harness.cli import cli
+from harness.hosts import LLAMA_PORT, SystemdHost, host_fixture, llama_unit, ssh_project
+from harness.project import write_project_file
+from harness.session import recorder, session_for
 
 LATIN1_COMMENT = b"# r\xe9glage du serveur (Latin-1)\n"
 
@@ -144,23 +144,20 @@ class Project:
         self.file = root / "flagtrial.toml"
         self.unit = root / "llama.service"
         self.unit.write_bytes(unit_bytes)
-        self.file.write_text(
+        write_project_file(
+            self.file,
             f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
             "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
             "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 30\n"
             # a capacity loss reverts at once: these tests are about the restore's bytes
             '[policy]\nruns = 2\nmax_runs = 2\ncapacity_guard = "revert"\n'
-            "set_aside_disturbed = false\n"
+            "set_aside_disturbed = false\n",
         )
 
     def cli(self, *args: str, strict_output: bool = False) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "COLUMNS": "250"}
-        if strict_output:  # as under en_US.UTF-8 (C.UTF-8 escapes raw bytes on its own)
-            env["PYTHONIOENCODING"] = "utf-8:strict"
-        return subprocess.run(
-            [sys.executable, "-m", "flagtrial", *args, "--project", str(self.file)],
-            capture_output=True, text=True, timeout=300, env=env,
-        )  # fmt: skip
+        # strict: as under en_US.UTF-8 (C.UTF-8 escapes raw bytes on its own)
+        env = {"PYTHONIOENCODING": "utf-8:strict"} if strict_output else {}
+        return cli(self.file, *args, env=env)
 
     def ledger(self) -> Ledger:
         return Ledger(load_project(self.file).ledger_path)
@@ -233,10 +230,7 @@ def test_a_restore_that_changes_bytes_is_not_verified(make_project) -> None:  # 
     settings = load_project(project.file)
     events: list[tuple[str, str]] = []
     target = NormalizingTarget(settings.path(settings.unit), settings.state_dir / "process")
-    session = Session(
-        settings, target, make_engine("llamacpp"), Ledger(settings.ledger_path),
-        lambda state, detail: events.append((state, detail)),
-    )  # fmt: skip
+    session = session_for(project.file, recorder(events), target=target)
 
     async def trial() -> None:
         try:
@@ -261,12 +255,7 @@ N = 17  # this module's container: ft-17 at 10.200.17.2
 UNIT_PATH = "/etc/systemd/system/llama.service"
 
 
-@pytest.fixture(scope="module")
-def host(
-    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
-) -> Iterator[SystemdHost]:
-    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
-        yield h
+host = host_fixture(N)
 
 
 @pytest.mark.slow
@@ -287,11 +276,7 @@ def test_a_reverted_trial_over_ssh_gives_the_unit_back_byte_for_byte(
         input=unit, check=True,
     )  # fmt: skip
     mode = host.sh('stat -c %a "$1"', UNIT_PATH).stdout.strip()
-    result = subprocess.run(
-        [sys.executable, "-m", "flagtrial", "trial", "--set", "--parallel=-1",
-         "--project", str(project)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "250"},
-    )  # fmt: skip
+    result = cli(project, "trial", "--set", "--parallel=-1")
     assert result.returncode == 10, result.stdout + result.stderr
     assert "facts match the known-good" in result.stdout
     assert host.read(UNIT_PATH) == unit

@@ -16,17 +16,15 @@ from pathlib import Path
 import pytest
 
 from flagtrial.demo import free_port, write_unit
-from flagtrial.engines import make_engine
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
+from harness.cli import cli
+from harness.project import update_project_file, write_project_file
+from harness.session import session_for
 
 pytestmark = pytest.mark.slow
-
-FLAGTRIAL = [sys.executable, "-m", "flagtrial"]
 
 
 class Project:
@@ -37,17 +35,11 @@ class Project:
         self.unit = root / "llama.service"
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*FLAGTRIAL, *args, "--project", str(self.file)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        return cli(self.file, *args)
 
     def session(
         self, events: list[tuple[str, str]] | None = None, on_event: object = None
     ) -> Session:
-        project = load_project(self.file)
         log = events if events is not None else []
 
         def notify(state: str, detail: str) -> None:
@@ -55,17 +47,11 @@ class Project:
             if callable(on_event):
                 on_event(state, detail)
 
-        return Session(
-            project,
-            make_target(project),
-            make_engine("llamacpp"),
-            Ledger(project.ledger_path),
-            notify,
-        )
+        return session_for(self.file, notify)
 
     def add_policy(self, *lines: str) -> None:
-        """Add settings to [policy], the project file's last table."""
-        self.file.write_text(self.file.read_text() + "".join(f"{line}\n" for line in lines))
+        """Add settings to [policy]."""
+        update_project_file(self.file, "[policy]\n" + "".join(f"{line}\n" for line in lines))
 
     def server_pid(self) -> int | None:
         target = ProcessTarget(self.unit, self.root / ".flagtrial" / "process")
@@ -81,11 +67,12 @@ def project(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterat
     port = free_port()
     proj = Project(tmp_path, port)
     write_unit(proj.unit, llama_server_bin, small_model, port)
-    proj.file.write_text(
+    write_project_file(
+        proj.file,
         f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
         "[workload]\nconcurrency = [8]\nprompt_words = 32\nmax_tokens = 24\n"
         "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
-        "[policy]\nruns = 3\n"
+        "[policy]\nruns = 3\n",
     )
     yield proj
     proj.stop()
@@ -142,8 +129,7 @@ def fast_and_slow_batches(project: Project, small_model: Path, tiny_model: Path)
     text = project.unit.read_text().replace(str(small_model), str(tiny_model))
     text = text.replace("--threads 1", "--threads 1 --batch-size 16 --ubatch-size 16")
     project.unit.write_text(text)
-    workload = project.file.read_text().replace("prompt_words = 32", "prompt_words = 200")
-    project.file.write_text(workload.replace("max_tokens = 24", "max_tokens = 8"))
+    update_project_file(project.file, workload={"prompt_words": 200, "max_tokens": 8})
     return text
 
 
@@ -248,9 +234,7 @@ def test_crash_at_start_rolls_back(project: Project) -> None:
 def test_never_ready_rolls_back(project: Project) -> None:
     # The candidate serves under another path (/elsewhere/health): alive, but never ready
     # where we look. (A change of port is refused before the trial.)
-    project.file.write_text(
-        project.file.read_text().replace("ready_timeout_s = 30", "ready_timeout_s = 3")
-    )
+    update_project_file(project.file, ready_timeout_s=3)
     result = project.cli("trial", "--set", "--api-prefix=/elsewhere")
     assert result.returncode == 10, result.stdout + result.stderr
     assert "not ready" in result.stdout
@@ -362,15 +346,9 @@ def test_ledger_export_import_round_trip(project: Project, tmp_path: Path) -> No
     other = tmp_path / "elsewhere"
     other.mkdir()
     (other / "flagtrial.toml").write_text(project.file.read_text())
-    moved = subprocess.run(
-        [*FLAGTRIAL, "ledger", "import", str(exported), "--project", str(other / "flagtrial.toml")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    moved = cli(other / "flagtrial.toml", "ledger", "import", str(exported), timeout=60)
     assert moved.returncode == 0, moved.stderr
-    again = subprocess.run(
-        [*FLAGTRIAL, "ledger", "import", str(exported), "--project", str(other / "flagtrial.toml")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    again = cli(other / "flagtrial.toml", "ledger", "import", str(exported), timeout=60)
     assert again.returncode == 8 and "not empty" in again.stderr
     original = json.loads(exported.read_text())
     copy = Ledger(other / ".flagtrial" / "ledger.db").export()
@@ -378,11 +356,7 @@ def test_ledger_export_import_round_trip(project: Project, tmp_path: Path) -> No
 
 
 def test_demo_reaches_revert_with_verified_restore(tmp_path: Path) -> None:
-    env = {**os.environ, "COLUMNS": "250"}
-    result = subprocess.run(
-        [*FLAGTRIAL, "demo", "--dir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+    result = cli(None, "demo", "--dir", str(tmp_path / "demo"), timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "REVERT trial 1" in result.stdout
     assert "concurrent requests 8 -> 4 (-50.0 %)" in result.stdout

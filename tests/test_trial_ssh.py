@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from flagtrial.engines import make_engine
 from flagtrial.errors import TargetError
 from flagtrial.launch.change import Change, Edit
-from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
-from flagtrial.trial import Session, Trial
-from harness.hosts import SystemdHost, llama_host, llama_unit, ssh_project
+from harness.cli import cli
+from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
+from harness.project import update_project_file
+from harness.session import locked_trial, session_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +24,7 @@ UNIT_PATH = "/etc/systemd/system/llama.service"
 KNOWN_GOOD = llama_unit("-np 8", extra_service="Restart=on-failure\nRestartSec=0.2\n")
 
 
-@pytest.fixture(scope="module")
-def host(
-    tmp_path_factory: pytest.TempPathFactory, llama_server_bin: Path, tiny_model: Path
-) -> Iterator[SystemdHost]:
-    with llama_host(N, tmp_path_factory, llama_server_bin, tiny_model) as h:
-        yield h
+host = host_fixture(N)
 
 
 @pytest.fixture
@@ -50,37 +40,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
         # as foreign: runs count, foreign load is only shown.
         "[policy]\nruns = 3\nmax_runs = 3\nset_aside_disturbed = false\n",
     )
-
-
-def cli(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run(
-        [sys.executable, "-m", "flagtrial", *args, "--project", str(project)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-
-
-def session(project: Path, on_event: Callable[[str, str], None] | None = None) -> Session:
-    proj = load_project(project)
-
-    def notify(state: str, detail: str) -> None:
-        if on_event:
-            on_event(state, detail)
-
-    return Session(
-        proj, make_target(proj), make_engine("llamacpp"), Ledger(proj.ledger_path), notify
-    )
-
-
-async def run_trial(s: Session, change: Change):  # type: ignore[no-untyped-def]
-    try:
-        async with s.target.lock("test"):
-            return await Trial(s, change).run()
-    finally:
-        await s.close()
 
 
 def test_seed_story_over_ssh(host: SystemdHost, project: Path) -> None:
@@ -108,9 +67,9 @@ def test_crash_at_start_over_ssh_rolls_back(host: SystemdHost, project: Path) ->
 def test_hostile_value_reaches_the_server_literally(host: SystemdHost, project: Path) -> None:
     hostile = "$(touch /tmp/pwned); reboot `id` %n"
     host.sh("rm -f /tmp/pwned")
-    s = session(project)
+    s = session_for(project)
     outcome = asyncio.run(
-        run_trial(s, Change(edits=[Edit(op="add", name="--alias", value=hostile)]))
+        locked_trial(s, Change(edits=[Edit(op="add", name="--alias", value=hostile)]))
     )
     assert outcome.facts_after is not None
     assert outcome.facts_after.settings["model_alias"] == hostile
@@ -131,10 +90,10 @@ def test_ssh_cut_mid_trial_then_next_command_restores(
             host.kill_ssh_sessions()
             host.sh("systemctl stop ssh.socket ssh.service 2>/dev/null; true")
 
-    s = session(project, cut)
+    s = session_for(project, cut)
     change = Change(edits=[Edit(op="set", name="--parallel", value="2")])
     with pytest.raises(TargetError):
-        asyncio.run(run_trial(s, change))
+        asyncio.run(locked_trial(s, change))
     text = host.read(UNIT_PATH).decode()
     assert text == KNOWN_GOOD or text == KNOWN_GOOD.replace("-np 8", "-np 2")
     host.sh("systemctl start ssh.service")
@@ -156,7 +115,7 @@ def test_ssh_cut_mid_trial_then_next_command_restores(
 def test_wrong_host_key_and_held_lock_are_refused(
     host: SystemdHost, project: Path, tmp_path: Path
 ) -> None:
-    s = session(project)
+    s = session_for(project)
 
     async def second_trial_while_locked() -> str:
         try:
@@ -170,7 +129,7 @@ def test_wrong_host_key_and_held_lock_are_refused(
     assert "rc=6" in out and "laptop-1" in out
 
     # A holder that still runs is named and left alone.
-    live = session(project)
+    live = session_for(project)
 
     async def unlock_while_held() -> str:
         try:
@@ -190,7 +149,7 @@ def test_wrong_host_key_and_held_lock_are_refused(
     )
     key = (tmp_path / "k.pub").read_text().split()
     wrong.write_text(f"{host.addr} {key[0]} {key[1]}\n")
-    project.write_text(project.read_text().replace(str(host.known_hosts), str(wrong)))
+    update_project_file(project, ssh={"known_hosts": str(wrong)})
     result = cli(project, "facts")
     assert result.returncode == 5
     assert "changed" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import parse_unit
 from flagtrial.launch.values import value_problem
 from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
 from harness.wheels import SGLANG
 from test_engine_sglang import seed_project  # noqa: F401 - an SGLang stand-in project
 from test_trial import Project, project  # noqa: F401 - the real llama-server project fixture
@@ -309,12 +309,6 @@ def test_sglang_preflight_runs_its_parser_on_set_and_add_values(
         (["--add", "--attention-backend=fa9"], "--attention-backend fa9: not one of"),
         (["--add", "--tp-size=2"], "--tp-size is already on the command line (as --tp-size 4)"),
     ]:
-        result = subprocess.run(
-            [sys.executable, "-m", "flagtrial", "preflight", *args, "--project", str(project_file)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=env,
-        )
+        result = cli(project_file, "preflight", *args, env=env)
         one_line_error(result, 4, text)
     assert (project_file.parent / "sglang.service").read_bytes() == before

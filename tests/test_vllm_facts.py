@@ -18,12 +18,10 @@ import pytest
 from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.facts import Facts, Limit, diff_facts
-from flagtrial.ledger import Ledger
 from flagtrial.load.client import build_prompt
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session
+from harness.project import update_project_file
+from harness.session import session_for
 from harness.standin import write_project
 from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, flood, vllm_args
 
@@ -58,14 +56,10 @@ def start(root: Path, python: Path, model: Path, env: dict[str, str], *extra: st
         program=[str(python), "-m", MODULE],
         ready_timeout_s=READY_TIMEOUT_S,
     )
-    text = project.read_text().replace("prompt_words = 16", f"prompt_words = {PROMPT_WORDS}")
-    project.write_text(text.replace("max_tokens = 16", f"max_tokens = {MAX_TOKENS}"))
-    settings = load_project(project)
-    target = make_target(settings)
+    update_project_file(project, workload={"prompt_words": PROMPT_WORDS, "max_tokens": MAX_TOKENS})
+    session = session_for(project)
+    target = session.target
     assert isinstance(target, ProcessTarget)
-    session = Session(
-        settings, target, make_engine("vllm"), Ledger(settings.ledger_path), lambda s, d: None
-    )
     try:
         facts = asyncio.run(session.restart_and_read())
     except BaseException:

@@ -8,8 +8,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
 from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
 from harness.vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
 
 
@@ -242,13 +241,8 @@ def test_flagtrial_killed_during_the_candidate_start_then_recover(
     and verifies it. Two starts: the candidate and the restore."""
     server = vllm_trials.serve(*SEQS_8)
     known = server.target.spec_path.read_bytes()
-    env = {**os.environ, "COLUMNS": "250", "FLAGTRIAL_FAULTS": "waiting=KILL"}
-    cli = [sys.executable, "-m", "flagtrial"]
-    project = ["--project", str(server.project)]
-    killed = subprocess.run(
-        [*cli, "trial", "--add", "--gpu-memory-utilization=0.5", *project],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+    project = server.project
+    killed = cli(project, "trial", "--add", "--gpu-memory-utilization=0.5", faults="waiting=KILL")
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     assert server.target.spec_path.read_bytes() != known  # the candidate is installed
     # The orphaned candidate spawns its engine core and worker: all three must go.
@@ -258,17 +252,12 @@ def test_flagtrial_killed_during_the_candidate_start_then_recover(
         time.sleep(0.5)
     orphans = ProcessTarget.group_members(candidate)
     assert len(orphans) >= 3, {pid: _cmdline(pid) for pid in orphans}
-    env["FLAGTRIAL_FAULTS"] = ""
-    recovered = subprocess.run(
-        [*cli, "recover", *project], capture_output=True, text=True, timeout=400, env=env
-    )
+    recovered = cli(project, "recover", faults="", timeout=400)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "facts match the known-good" in recovered.stdout + recovered.stderr
     assert server.target.spec_path.read_bytes() == known
     assert _gone(orphans)
-    history = subprocess.run(
-        [*cli, "history", "--json", *project], capture_output=True, text=True, timeout=60, env=env
-    )
+    history = cli(project, "history", "--json", faults="", timeout=60)
     assert json.loads(history.stdout)["trials"][-1]["state"] == "recovered"
 
 
@@ -306,11 +295,7 @@ def test_demo_vllm_reverts_fewer_sequences_with_the_binding_limit_named(
     starts, the known-good, the candidate and the known-good's re-check."""
     vllm_trials.stop()
     workdir = tmp_path / "demo"
-    env = {**os.environ, "COLUMNS": "250"}
-    result = subprocess.run(
-        [sys.executable, "-m", "flagtrial", "demo", "--engine", "vllm", "--dir", str(workdir)],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+    result = cli(None, "demo", "--engine", "vllm", "--dir", str(workdir), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "REVERT trial 1" in out

@@ -16,25 +16,23 @@ import asyncio
 import os
 import re
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from flagtrial.engines import make_engine
 from flagtrial.engines.base import wait_ready
 from flagtrial.engines.vllm import VllmEngine
 from flagtrial.hygiene import USER_HZ, LoadSample, foreign_load, sample_local, sample_target
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.execwords import literal_word, quote_word
-from flagtrial.ledger import Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
-from flagtrial.trial import Session, Trial
 from harness.hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
+from harness.session import locked_trial, session_for
 from harness.standin import WORKLOAD
 from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, VLLM_ENV, VllmServer, vllm_args
 
@@ -157,19 +155,6 @@ def still_running(host: SystemdHost, procs: dict[int, tuple[str, int]]) -> dict[
     }
 
 
-def session(project: Path, on_event: Callable[[str, str], None]) -> Session:
-    proj = load_project(project)
-    return Session(proj, make_target(proj), make_engine("vllm"), Ledger(proj.ledger_path), on_event)
-
-
-async def run_trial(s: Session, change: Change):  # type: ignore[no-untyped-def]
-    try:
-        async with s.target.lock("test"):
-            return await Trial(s, change).run()
-    finally:
-        await s.close()
-
-
 def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
     host: SystemdHost, project: Path, known_good: str
 ) -> None:
@@ -190,7 +175,7 @@ def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
             restarts.append((what, old, still_running(host, old)))
 
     change = Change(edits=[Edit(op="set", name="--max-num-seqs", value="2")])
-    outcome = asyncio.run(run_trial(session(project, on_event), change))
+    outcome = asyncio.run(locked_trial(session_for(project, on_event), change))
     assert outcome.verdict.decision == "REVERT", events
     assert outcome.verdict.reasons[0] == (
         "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_num_seqs = 2, "

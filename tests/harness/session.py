@@ -7,18 +7,19 @@ from pathlib import Path
 
 from flagtrial.engines import make_engine
 from flagtrial.engines.base import ProgressFn
+from flagtrial.launch.change import Change
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.base import Target
-from flagtrial.trial import Notify, Session
+from flagtrial.trial import Notify, Session, Trial, TrialOutcome
 
 
 def ignore(state: str, detail: str) -> None:
     """A `notify` for tests that do not look at the steps."""
 
 
-def session(
+def session_for(
     project_file: Path,
     notify: Notify = ignore,
     *,
@@ -39,3 +40,13 @@ def session(
 def recorder(events: list[tuple[str, str]]) -> Notify:
     """A `notify` that appends each (state, detail) to `events`."""
     return lambda state, detail: events.append((state, detail))
+
+
+async def locked_trial(session: Session, change: Change) -> TrialOutcome:
+    """A whole trial of `change` under the target's lock, as `flagtrial trial` runs one; the
+    session closed after."""
+    try:
+        async with session.target.lock("test"):
+            return await Trial(session, change).run()
+    finally:
+        await session.close()

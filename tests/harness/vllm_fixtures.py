@@ -23,13 +23,13 @@ import pytest
 
 from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
-from flagtrial.engines import make_engine, promtext
+from flagtrial.engines import promtext
 from flagtrial.launch.change import Change
-from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Notify, Session, Trial
+from flagtrial.trial import Notify, Trial
+from harness.session import session_for
 from harness.standin import write_project
 
 # No hub; a 1 GiB KV cache (the CPU build sizes it from this, not from free memory);
@@ -92,13 +92,6 @@ def write_vllm_project(
     )
 
 
-def _session(project_file: Path, notify: Notify) -> Session:
-    project = load_project(project_file)
-    return Session(
-        project, make_target(project), make_engine("vllm"), Ledger(project.ledger_path), notify
-    )
-
-
 def run_trial(
     project_file: Path,
     change: Change,
@@ -117,7 +110,7 @@ def run_trial(
         if notify is not None:
             notify(state, detail)
 
-    session = _session(project_file, note)
+    session = session_for(project_file, note)
     target = session.target
     try:
         return asyncio.run(Trial(session, change).run()), events
@@ -163,7 +156,7 @@ class VllmTrials:
         """That known-good serving and recorded in the ledger: started only when another
         spec (or none) is serving."""
         project_file = self.project(*extra, policy=policy)
-        session = _session(project_file, lambda state, detail: None)
+        session = session_for(project_file)
         try:
             asyncio.run(session.known_good())
         finally:
