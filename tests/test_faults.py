@@ -21,7 +21,7 @@ from flagtrial.errors import LedgerError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.trial import Trial
-from harness.cli import cli
+from harness.cli import capacity, cli
 from harness.faultfigures import record
 from harness.project import update_project_file, write_project_file
 from harness.session import session_for
@@ -73,9 +73,7 @@ class Project:
         return cli(self.file, *args, faults=faults)
 
     def facts(self) -> dict[str, float]:
-        result = self.cli("facts", "--json")
-        assert result.returncode == 0, result.stdout + result.stderr
-        return json.loads(result.stdout[result.stdout.index("{\n") :])["facts"]["capacity"]
+        return capacity(self.file)
 
     def ledger_rows(self) -> tuple[int, int, int]:
         ledger = Ledger(self.ledger_path)

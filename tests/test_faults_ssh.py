@@ -18,6 +18,7 @@ from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.trial import Trial
+from harness.cli import capacity
 from harness.cli import cli as run_cli
 from harness.faultfigures import record
 from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
@@ -52,12 +53,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
 
 def cli(project: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
     return run_cli(project, *args, faults=faults)
-
-
-def capacity(project: Path) -> dict[str, float]:
-    result = cli(project, "facts", "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout[result.stdout.index("{\n") :])["facts"]["capacity"]
 
 
 def rows(project: Path) -> int:

@@ -10,7 +10,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from flagtrial.demo import free_port, write_unit
 from flagtrial.ledger import Ledger
 from flagtrial.targets.holder import proc_start_ticks
-from harness.cli import start
+from harness.cli import said, start, wait_stopped
 from harness.project import update_project_file
 from test_faults import REVERT_CHANGE, Project
 
@@ -58,24 +57,10 @@ def start_trial(project: Project, faults: str) -> subprocess.Popen[str]:
     return start(project.file, "trial", *REVERT_CHANGE, faults=faults)
 
 
-def wait_stopped(proc: subprocess.Popen[str]) -> None:
-    """Until the test hook has stopped the trial (SIGSTOP at its fault point)."""
-    deadline = time.monotonic() + 240
-    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the trial never reached its fault point"
-        time.sleep(0.1)
-
-
 def server(project: Project) -> tuple[int, int | None]:
     """The serving llama-server's PID and start time: a restart changes them."""
     pid = json.loads((project.ledger_path.parent / "process" / "server.json").read_text())["pid"]
     return pid, proc_start_ticks(pid)
-
-
-def said(result: subprocess.CompletedProcess[str]) -> str:
-    """What a command printed, as one line: the terminal's wrapping undone."""
-    return " ".join((result.stdout + result.stderr).split())
 
 
 def trial_state(project: Project, trial_id: int = 1) -> str:

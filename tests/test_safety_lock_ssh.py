@@ -6,7 +6,6 @@ the connection break) is broken by a plain `unlock`."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,8 @@ import pytest
 
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
-from harness.cli import cli, start
+from harness.cli import capacity, cli, said, start, wait_stopped
 from harness.hosts import TEST_KEY, SystemdHost, host_fixture, llama_unit, ssh_project
-from test_safety_lock import said, wait_stopped
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +69,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
         '[policy]\nruns = 2\nmax_runs = 2\nprotocol = "interleaved"\n'
         "set_aside_disturbed = false\n",
     )
-
-
-def capacity(project: Path) -> dict[str, float]:
-    result = cli(project, "facts", "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout[result.stdout.index("{\n") :])["facts"]["capacity"]
 
 
 def invocation(host: SystemdHost) -> str:

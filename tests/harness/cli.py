@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -59,3 +61,28 @@ def start(
         text=True,
         env=environment(faults, env),
     )
+
+
+def said(result: subprocess.CompletedProcess[str]) -> str:
+    """What a command printed, as one line: the terminal's wrapping undone."""
+    return " ".join((result.stdout + result.stderr).split())
+
+
+def capacity(project: Path) -> dict[str, float]:
+    """The serving known-good's capacity facts, as `flagtrial facts --json` reads them."""
+    result = cli(project, "facts", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Progress lines come first when it starts the server.
+    found: dict[str, float] = json.loads(result.stdout[result.stdout.index("{\n") :])["facts"][
+        "capacity"
+    ]
+    return found
+
+
+def wait_stopped(proc: subprocess.Popen[str]) -> None:
+    """Until the test hook has stopped the command (SIGSTOP at its fault point)."""
+    deadline = time.monotonic() + 240
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "the trial never reached its fault point"
+        time.sleep(0.1)

@@ -28,7 +28,7 @@ from flagtrial.launch.change import Change
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Notify, Trial
+from flagtrial.trial import Notify, Trial, TrialOutcome
 from harness.session import session_for
 from harness.standin import write_project
 
@@ -99,7 +99,7 @@ def run_trial(
     *,
     notify: Notify | None = None,
     stop: bool = True,
-):
+) -> tuple[TrialOutcome, list[tuple[str, str]]]:
     """A whole trial of `change` on a vLLM project (real or stand-in), the server stopped
     after unless `stop` is false (the next test's known-good); `stopped` gets the server's
     processes as they were just before that stop; `notify` sees every step as it comes."""
