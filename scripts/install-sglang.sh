@@ -11,7 +11,7 @@
 # - torchvision (PyPI's is a CUDA build; sglang imports it for its multimodal configs) has its
 #   two `register_fake` decorators for ops its CUDA-only _C.so provides made conditional, so
 #   that `import torchvision` works on CPU torch.
-# Serve with SGLANG_USE_CPU_ENGINE=1 and --device cpu (see tests/sglang_fixtures.py).
+# Serve with SGLANG_USE_CPU_ENGINE=1 and --device cpu (see tests/harness/sglang_fixtures.py).
 set -euo pipefail
 VERSION="${SGLANG_VERSION:-0.5.23}"
 TORCH="${SGLANG_TORCH_VERSION:-2.13.0+cpu}"

@@ -1,5 +1,6 @@
-"""Engine `sglang` against a real SGLang 0.5.23 server on CPU (tests/sglang_fixtures.py): its
-version, its flags from its own parser, its facts as the server reports them, the
+"""Engine `sglang` against a real SGLang 0.5.23 server on CPU
+(tests/harness/sglang_fixtures.py): its version, its flags from its own parser, its facts as
+the server reports them, the
 concurrency its scheduler admits, and a trial that loses capacity. Run under the heavy lock:
 `flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`."""
 

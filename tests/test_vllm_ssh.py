@@ -1,4 +1,4 @@
-"""The real vLLM server (tests/vllm_fixtures.py) as a systemd unit in an nspawn container
+"""The real vLLM server (tests/harness/vllm_fixtures.py) as a systemd unit in an nspawn container
 reached over SSH, and a multi-process server's restarts and load under systemd and under the
 process target: every process of the old start (API server, engine core, their helpers) is
 gone before the next start is ready, and the whole server is its own load, never foreign.
