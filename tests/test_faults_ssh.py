@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.trial import Trial
-from harness.cli import capacity
-from harness.cli import cli as run_cli
+from harness.cli import capacity, cli
 from harness.faultfigures import record
 from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 from harness.session import session_for
@@ -49,10 +47,6 @@ def project(host: SystemdHost, tmp_path: Path) -> Path:
         '[policy]\nruns = 2\nmax_runs = 2\nprotocol = "interleaved"\n'
         "set_aside_disturbed = false\n",
     )
-
-
-def cli(project: Path, *args: str, faults: str = "") -> subprocess.CompletedProcess[str]:
-    return run_cli(project, *args, faults=faults)
 
 
 def rows(project: Path) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flagtrial.demo import free_port, write_unit
+from harness.cli import cli as run_cli
 from harness.project import write_project_file
 from test_trial import Project
 
@@ -132,7 +133,7 @@ def test_secrets_reach_no_output_and_the_ledger_is_owner_only(project: Project) 
     (other / "flagtrial.toml").write_text(project.file.read_text())
 
     def import_into(src: Path) -> subprocess.CompletedProcess[str]:
-        return cli(other / "flagtrial.toml", "ledger", "import", str(src), timeout=60)
+        return run_cli(other / "flagtrial.toml", "ledger", "import", str(src), timeout=60)
 
     refused = import_into(exported)
     assert refused.returncode == 8 and "--include-secrets" in refused.stderr
