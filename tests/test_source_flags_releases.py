@@ -1,4 +1,4 @@
-"""The static reader (engines/source_flags.py) on every release in the supported range:
+"""The static reader (the sourceread package) on every release in the supported range:
 vLLM 0.30.0-0.33.0 and SGLang 0.5.10-0.5.23, each from its PyPI wheel's source (cached by
 flagtrial.gates.wheel; downloaded once).
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from flagtrial.engines.source_flags import extract
 from flagtrial.gates.wheel import engine_source
+from flagtrial.sourceread import extract
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(

@@ -1,4 +1,4 @@
-"""A Python engine's flag table (read from its source by `source_flags`) as a FlagSchema.
+"""A Python engine's flag table (read from its source by `sourceread`) as a FlagSchema.
 
 `EngineSchema` is the FlagSchema that `apply_change` checks edits against, plus what argparse
 itself would say at start: the engine and version in every error, flags an older version had
