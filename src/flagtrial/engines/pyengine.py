@@ -7,8 +7,8 @@ the import fails (a host with the engine's source but not its stack), the versio
 distribution that installed the package stands in.
 On a cache miss the table comes from the engine's own parser where the engine imports
 (`parser_dump.py` runs on the host, building the parser the adapter names: no GPU), else from
-the `sourceread` package, which reads the installed source with `ast`. The static table still gives
-the parser's flags the resolved-settings keys and declaration lines only source can tell.
+the `sourceread` package, which reads the installed source with `ast`. The static table still
+gives the parser's flags the resolved-settings keys and declaration lines only source can tell.
 Tables of older versions seen before stay in the cache; a flag they had and this version
 lacks is reported as removed.
 """
