@@ -18,12 +18,12 @@ from flagtrial.engines import make_engine
 from flagtrial.engines.flag_table import EngineSchema, check_candidate
 from flagtrial.engines.pyengine import engine_schema
 from flagtrial.engines.sglang import _metric, parse_startup_log, server_args_from_log
-from flagtrial.engines.source_flags import extract
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
+from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial

@@ -15,11 +15,11 @@ from fixtures.engines.standin import write_project
 from fixtures.engines.wheels import VLLM, engine_site, package_dir
 from flagtrial.engines import logfacts, promtext
 from flagtrial.engines.pyengine import engine_schema
-from flagtrial.engines.source_flags import extract
 from flagtrial.engines.vllm import parse_startup_log
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.sourceread import extract
 from flagtrial.targets.process import ProcessTarget
 from vllm_fixtures import run_trial
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flagtrial import sourceread
 from flagtrial.demo import free_port
-from flagtrial.engines import promtext, source_flags
+from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
 from flagtrial.engines.sglang import PARSER, parse_startup_log
 from flagtrial.load.client import build_prompt
@@ -64,7 +65,7 @@ def test_static_reader_matches_the_real_parser(sglang_bin: Path, tmp_path: Path)
     a bug in the reader."""
     target = host(tmp_path)
     real = asyncio.run(parser_table(target, str(sglang_bin), PARSER))
-    reader = Path(source_flags.__file__).read_text()
+    reader = sourceread.program()
     rc, out = asyncio.run(target.run([str(sglang_bin), "-c", reader, "sglang"], timeout_s=120.0))
     static = json.loads(out.strip().splitlines()[-1])
     assert rc == 0, static

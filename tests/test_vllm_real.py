@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flagtrial.engines import source_flags
+from flagtrial import sourceread
 from flagtrial.engines.pyengine import (
     engine_schema,
     installed_version,
@@ -97,7 +97,7 @@ def test_static_reader_matches_the_real_parser(vllm_bin: Path, tmp_path: Path) -
     (`--mm-processor-device`) cannot be known from source; the reader says so."""
     target = host(tmp_path)
     real = asyncio.run(parser_table(target, str(vllm_bin), PARSER))
-    reader = Path(source_flags.__file__).read_text()
+    reader = sourceread.program()
     rc, out = asyncio.run(target.run([str(vllm_bin), "-c", reader, "vllm"], timeout_s=120.0))
     static = json.loads(out.strip().splitlines()[-1])
     assert rc == 0, static

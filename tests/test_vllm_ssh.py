@@ -25,6 +25,7 @@ import pytest
 from fixtures.engines.standin import WORKLOAD
 from flagtrial.engines import make_engine
 from flagtrial.engines.base import wait_ready
+from flagtrial.engines.pyengine import _static_table
 from flagtrial.engines.vllm import VllmEngine
 from flagtrial.hygiene import USER_HZ, LoadSample, foreign_load, sample_local, sample_target
 from flagtrial.launch.change import Change, Edit
@@ -33,6 +34,7 @@ from flagtrial.ledger import Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
+from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
 from flagtrial.trial import Session, Trial
 from hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
@@ -168,6 +170,24 @@ async def run_trial(s: Session, change: Change):  # type: ignore[no-untyped-def]
             return await Trial(s, change).run()
     finally:
         await s.close()
+
+
+def test_the_static_reader_runs_over_ssh(project: Path, vllm_bin: Path) -> None:
+    """The source reader reaches the host whole, as one `python -c` word over SSH, runs there
+    under the unit's Python with only the standard library, and reads the table it reads here
+    from the same package."""
+    target = make_target(load_project(project))
+
+    async def read() -> dict:
+        try:
+            return await _static_table(target, "vllm", str(vllm_bin))
+        finally:
+            await target.aclose()
+
+    there = asyncio.run(read())
+    assert "error" not in there, there
+    here = extract("vllm", Path(there["location"]))
+    assert (there["version"], there["flags"]) == ("0.32.0", here["flags"])
 
 
 def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
