@@ -157,8 +157,12 @@ class Evaluator:
                     items.append(self.value(e))
             return tuple(items) if isinstance(node, ast.Tuple) else items
         if isinstance(node, ast.Dict):
+            if any(k is None for k in node.keys):
+                raise Unresolved("a ** entry in a dict literal")
             return {
-                self.value(k): self.value(v) for k, v in zip(node.keys, node.values, strict=True)
+                self.value(k): self.value(v)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if k is not None
             }
         if isinstance(node, ast.JoinedStr):
             return "".join(self._fpart(part) for part in node.values)
@@ -226,9 +230,10 @@ class Evaluator:
                 target = stmt.targets[0] if isinstance(stmt, ast.Assign) else None
                 if isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
                     target = stmt.target  # a dataclass field's default (`tp_size: int = 1`)
-                if isinstance(target, ast.Name):
+                if isinstance(target, ast.Name) and isinstance(stmt, ast.Assign | ast.AnnAssign):
+                    assert stmt.value is not None
                     try:
-                        scope[target.id] = evaluator.value(stmt.value)  # type: ignore[union-attr]
+                        scope[target.id] = evaluator.value(stmt.value)
                     except (Unresolved, TypeError):
                         continue
             if node.attr in scope:
@@ -760,7 +765,7 @@ def scalar_shape(shape: TypeShape | None) -> str:
 
 def canonical(spec: dict[str, Any]) -> str:
     """The spelling a flag is named by: its first positive long option."""
-    positives = [n for n in spec["names"] if n not in spec["negative"]]
+    positives: list[str] = [n for n in spec["names"] if n not in spec["negative"]]
     return next((n for n in positives if n.startswith("--")), positives[0])
 
 

@@ -109,21 +109,21 @@ def _field_flag(
     common = {"help_": help_text, "default": default, "where": where, "settings": [field]}
     if "action" in meta:
         action = action_name(meta["action"])
-        extra = _keywords(meta.get("action_kwargs"), evaluator)
-        nargs = extra["nargs"] if "nargs" in extra else action_nargs(evaluator, meta["action"])
+        kwargs = _keywords(meta.get("action_kwargs"), evaluator)
+        nargs = kwargs["nargs"] if "nargs" in kwargs else action_nargs(evaluator, meta["action"])
         spec = flag_spec(
             names,
             field,
             action=action,
             nargs=arity(action, nargs),
-            type_=extra.get("type", "str"),
-            choices=extra.get("choices"),
+            type_=kwargs.get("type", "str"),
+            choices=kwargs.get("choices"),
             **common,
         )
         if action == "boolean_optional":
             boolean_optional(spec)
         if action.startswith("custom:Deprecated"):
-            spec["deprecated"] = replacement(extra.get("new_flag") or "")
+            spec["deprecated"] = replacement(kwargs.get("new_flag") or "")
         return spec
     if "Literal" in shape.parts:
         type_ = parser_type(evaluator, type_parser) if type_parser else scalar(shape.literals)
@@ -150,7 +150,7 @@ def _keywords(node: ast.AST | None, evaluator: Evaluator) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key, value in zip(node.keys, node.values, strict=True):
-        if isinstance(key, ast.Constant):
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
             out[key.value] = (
                 parser_type(evaluator, value) if key.value == "type" else evaluator.lenient(value)
             )
@@ -184,7 +184,7 @@ def _declared_resolutions(source: Source) -> dict[str, list[str]]:
             ):
                 for keyword in node.keywords:
                     if keyword.arg:
-                        label = f"{node.args[1].value} ({source.where(module, node)})"
+                        label = f"{node.args[1].value!s} ({source.where(module, node)})"
                         out.setdefault(keyword.arg, []).append(label)
             elif isinstance(node, ast.FunctionDef) and any(
                 dotted(d) == "register_post_process" for d in node.decorator_list

@@ -101,15 +101,17 @@ def _none_choice(source: Source) -> list[Any]:
     `kwargs[name]["choices"].append(None)`, the word "None" up to 0.30."""
     if "none_choice" not in source.memo:
         hit = source.lookup("vllm.engine.arg_utils", "_compute_kwargs")
+        module, function = hit if hit else ("", None)
         source.memo["none_choice"] = [
-            Evaluator(source, hit[0]).value(call.args[0])
-            for call in (calls_in(hit[1], "append") if hit else ())
+            Evaluator(source, module).value(call.args[0])
+            for call in (calls_in(function, "append") if function else ())
             if isinstance(call.func, ast.Attribute)
             and isinstance(call.func.value, ast.Subscript)
             and isinstance(call.func.value.slice, ast.Constant)
             and call.func.value.slice.value == "choices"
         ][:1]
-    return source.memo["none_choice"]
+    choices: list[Any] = source.memo["none_choice"]
+    return choices
 
 
 def _int_parsers(source: Source) -> dict[str, str]:
@@ -117,7 +119,8 @@ def _int_parsers(source: Source) -> dict[str, str]:
     type: `if name == "max_model_len": kwargs[name]["type"] = human_readable_int_or_auto`,
     `elif name in human_readable_int_args: ... = human_readable_int` (0.32 and later)."""
     if "int_parsers" in source.memo:
-        return source.memo["int_parsers"]
+        known: dict[str, str] = source.memo["int_parsers"]
+        return known
     hit = source.lookup("vllm.engine.arg_utils", "_compute_kwargs")
     fn = hit[1] if hit and isinstance(hit[1], ast.FunctionDef) else None
     sets: dict[str, list[Any]] = {}
@@ -137,7 +140,7 @@ def _int_parsers(source: Source) -> dict[str, str]:
             continue
         other = test.comparators[0]
         if isinstance(test.ops[0], ast.Eq) and isinstance(other, ast.Constant):
-            names = [other.value]
+            names = [str(other.value)]
         elif isinstance(test.ops[0], ast.In) and isinstance(other, ast.Name):
             names = sets.get(other.id, [])
         else:
@@ -149,7 +152,7 @@ def _int_parsers(source: Source) -> dict[str, str]:
                 and isinstance(target.slice, ast.Constant)
                 and target.slice.value == "type"
             ):
-                out.update(dict.fromkeys(names, type_name(stmt.value)))  # type: ignore[union-attr]
+                out.update(dict.fromkeys(names, type_name(stmt.value)))
     source.memo["int_parsers"] = out
     return out
 
