@@ -81,6 +81,7 @@ class Capacity:
                 "before": worst.before,
                 "after": worst.after,
                 "pct": worst.pct,
+                "bound_by": worst.bound_by or "",
                 "change": worst.describe(),
                 "limit": policy.capacity_loss_max_pct,
             },
