@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from flagtrial import stats
 from flagtrial.facts import FactsDiff
 from flagtrial.load.summary import RunSummary
-from flagtrial.reasons import Code, Reason
+from flagtrial.reasons import Code, Reason, Value
 from flagtrial.settings import Policy
 
 if TYPE_CHECKING:
@@ -126,18 +126,16 @@ class Errors:
                 continue
             lower = stats.error_rate_lower(errors, total, policy.confidence)
             code = Code.ERRORS if lower > policy.error_rate_max else Code.ERRORS_UNPROVEN
-            values = {"level": level, "errors": errors, "total": total, "rate": rate}
-            found.append(
-                Reason(
-                    code=code,
-                    values={
-                        **values,
-                        "limit": policy.error_rate_max,
-                        "lower": lower,
-                        "confidence": policy.confidence,
-                    },
-                )
-            )
+            values: dict[str, Value] = {
+                "level": level,
+                "errors": errors,
+                "total": total,
+                "rate": rate,
+                "limit": policy.error_rate_max,
+                "lower": lower,
+                "confidence": policy.confidence,
+            }
+            found.append(Reason(code=code, values=values))
         return found
 
 
