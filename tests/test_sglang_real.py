@@ -199,10 +199,18 @@ def test_fewer_running_requests_revert_with_the_binding_limit_named(
         members = target.group_members(leader) if leader else []  # type: ignore[attr-defined]
     finally:
         asyncio.run(target.stop())  # type: ignore[attr-defined]
-    assert outcome["verdict"]["reasons"][0] == (
-        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_running_requests = 2, "
-        "beyond the 5 % guardrail"
-    )
+    loss = outcome["verdict"]["reasons"][0]
+    assert loss["code"] == "capacity"
+    assert {
+        k: loss["values"][k] for k in ("name", "before", "after", "pct", "bound_by", "limit")
+    } == {
+        "name": "concurrent_requests",
+        "before": 8,
+        "after": 2,
+        "pct": -75.0,
+        "bound_by": "max_running_requests = 2",
+        "limit": 5.0,
+    }
     assert outcome["facts_after"]["sources"]["concurrent_requests"].startswith(
         "bound by max_running_requests = 2 (GET /server_info"
     )

@@ -144,11 +144,11 @@ def test_classify_with_a_wider_equivalence_region() -> None:
     assert stats.classify(2.5, 4.5, 2.0, 2.0, (-5.0, 5.0)) == "gain"  # gain wins
 
 
-def test_errors_exceed() -> None:
-    assert stats.errors_exceed(1, 500, 0.0, 0.95)
-    assert not stats.errors_exceed(0, 500, 0.0, 0.95)
-    assert not stats.errors_exceed(2, 100, 0.01, 0.95)  # 2 % observed, not shown above 1 %
-    assert stats.errors_exceed(30, 100, 0.10, 0.95)
+def test_error_rate_lower_bound() -> None:
+    assert stats.error_rate_lower(1, 500, 0.95) > 0.0
+    assert not stats.error_rate_lower(0, 500, 0.95) > 0.0
+    assert not stats.error_rate_lower(2, 100, 0.95) > 0.01  # 2 % observed, not shown above 1 %
+    assert stats.error_rate_lower(30, 100, 0.95) > 0.10
 
 
 def test_pct_and_log_are_inverse() -> None:

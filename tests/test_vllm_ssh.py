@@ -33,6 +33,7 @@ from flagtrial.launch.execwords import literal_word, quote_word
 from flagtrial.ledger import Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
+from flagtrial.reasons import Code
 from flagtrial.settings import load_project
 from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
@@ -212,10 +213,16 @@ def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
     change = Change(edits=[Edit(op="set", name="--max-num-seqs", value="2")])
     outcome = asyncio.run(run_trial(session(project, on_event), change))
     assert outcome.verdict.decision == "REVERT", events
-    assert outcome.verdict.reasons[0] == (
-        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_num_seqs = 2, "
-        "beyond the 5 % guardrail"
-    )
+    loss = outcome.verdict.reasons[0]
+    assert loss.code == Code.CAPACITY
+    assert {k: loss.values[k] for k in ("name", "before", "after", "pct", "bound_by", "limit")} == {
+        "name": "concurrent_requests",
+        "before": 8,
+        "after": 2,
+        "pct": -75.0,
+        "bound_by": "max_num_seqs = 2",
+        "limit": 5.0,
+    }
     assert outcome.facts_before.version == outcome.facts_after.version == "0.32.0"
     assert outcome.restore is not None and outcome.restore.verified
     assert outcome.restore.facts.capacity["concurrent_requests"] == 8

@@ -741,7 +741,7 @@ def show(
     for edit in row.change.get("edits", []):
         ui.console.print(f"  {ui._edit(edit)}")
     for reason in row.reasons:
-        ui.console.print(f"  - {reason}")
+        ui.console.print(f"  - {reason.message}")
     if runs:
         ui.console.print(ui.runs_table(runs))
     ui.console.print(ui.timeline(events))

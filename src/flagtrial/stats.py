@@ -203,10 +203,9 @@ def classify(
     return None
 
 
-def errors_exceed(errors: int, total: int, limit: float, confidence: float) -> bool:
-    """Whether the error rate is above `limit` with confidence (one-sided Clopper-Pearson):
-    with limit 0 a single error is enough."""
+def error_rate_lower(errors: int, total: int, confidence: float) -> float:
+    """The one-sided Clopper-Pearson lower bound of an error rate at `confidence`: above a
+    limit, the rate is shown above it (with limit 0, a single error is enough)."""
     if errors == 0 or total == 0:
-        return False
-    lower = float(stats.beta.ppf(1 - confidence, errors, total - errors + 1))
-    return lower > limit
+        return 0.0
+    return float(stats.beta.ppf(1 - confidence, errors, total - errors + 1))

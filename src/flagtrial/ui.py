@@ -223,7 +223,7 @@ def show_outcome(outcome: TrialOutcome) -> None:
             console.print(f"  {secrets.text(line)}")
     if v.effects:
         console.print(effects_table(v.effects))
-    body = "\n".join(f"- {secrets.text(r)}" for r in v.reasons)
+    body = "\n".join(f"- {secrets.text(r.message)}" for r in v.reasons)
     action = (
         f"generation {outcome.candidate_gen} kept as known-good"
         if outcome.outcome == "kept"
@@ -255,7 +255,7 @@ def history_table(trials: list[TrialRow], generations: list[Generation]) -> Tabl
             f"{t.baseline_gen} -> {t.candidate_gen or '-'}",
             t.state,
             t.verdict or "-",
-            (t.reasons[0] if t.reasons else "")[:80],
+            (t.reasons[0].message if t.reasons else "")[:80],
         )
     return table
 
