@@ -21,9 +21,6 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from flagtrial import ui
 from flagtrial.errors import FlagtrialError, GateError, LockHeldError, TargetError, UsageError
-from flagtrial.facts import Facts
-from flagtrial.launch.change import Change
-from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import printable
 from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
 from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_project
@@ -32,6 +29,7 @@ from flagtrial.settings import PROJECT_FILE, Project, Ssh, load_project, parse_p
 # together they cost a start (httpx, asyncssh, numpy, scipy, the gate index) that --help,
 # history and show must not pay.
 if TYPE_CHECKING:
+    from flagtrial.launch.change import Change
     from flagtrial.targets.holder import LockHolder
     from flagtrial.trial import Session
 
@@ -147,6 +145,8 @@ def make_change(
     env: list[str] | None,
     unset_env: list[str] | None,
 ) -> Change:
+    from flagtrial.launch.change import Change
+
     change = Change.from_cli(
         add=add or [],
         set_=set_ or [],
@@ -308,6 +308,7 @@ def _split_host_unit(text: str) -> tuple[str, str]:
 async def _inspect_unit(target: str, unit: str, ssh: Ssh, accept_new: bool) -> tuple[str, str]:
     """The engine and endpoint a live unit runs, read from its ExecStart."""
     from flagtrial.engines import ENGINES, detect_engine
+    from flagtrial.launch.schema import flag_value
     from flagtrial.targets import make_target
 
     live = Project(target=target, unit=unit, ssh=ssh)
@@ -724,6 +725,8 @@ async def _read_facts(
 ) -> None:
     """What `facts` can read without restarting anything: the known-good's recorded facts and
     the live server's, over HTTP."""
+    from flagtrial.facts import Facts
+
     good = session.ledger.last_known_good(session.target.name)
     known = Facts.model_validate(good.facts) if good and good.facts else None
     live = await session.live_facts()
