@@ -104,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--label", default="", help="what tree was measured, e.g. a commit")
     args = parser.parse_args()
     py = [sys.executable]
     ft = [*py, "-m", "flagtrial"]
@@ -119,7 +120,15 @@ def main() -> None:
             "flagtrial gates (cached)": [*ft, *GATES_QUERY],
         }
         results = {name: measure(argv, root, args.repeat) for name, argv in commands.items()}
+    where = subprocess.run(
+        [*py, "-c", "import flagtrial; print(flagtrial.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     out = {
+        "label": args.label,
+        "flagtrial": where.stdout.strip(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
