@@ -1,5 +1,4 @@
-"""The verdict rules (judge.decide) on constructed cases, and the Welch interval's coverage
-on simulated runs."""
+"""The verdict rules (judge.decide) on constructed cases."""
 
 from __future__ import annotations
 

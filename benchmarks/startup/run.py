@@ -4,9 +4,9 @@ Targets (issue 14, item 7): `--help`, `history` and `show` under 0.3 s; a cached
 query under 1 s. Each command runs `--repeat` times (after one untimed run that warms the
 file cache and builds the gate index); the median and the spread (min, max) are reported.
 The machine's load average is recorded beside every number: other work on the same cores
-slows a start proportionally. Also records the floor (a bare interpreter, and Typer with
-Rich) and the heaviest imports of `flagtrial.cli` from `python -X importtime`.
-Writes results.json next to this file.
+slows a start proportionally. Also records the floor (a bare interpreter, Typer with Rich,
+and a bare Typer app's --help) and the heaviest imports of `flagtrial.cli` from
+`python -X importtime`. Writes results.json next to this file.
 
     PYTHONPATH=src .venv/bin/python benchmarks/startup/run.py [--repeat 10]
 """
@@ -31,6 +31,12 @@ from flagtrial.settings import load_project
 HERE = Path(__file__).parent
 GATES_QUERY = ["gates", "--attention-backend", "fa3", "--engine", "sglang==0.5.23", "--sm", "90"]
 UNIT = "[Service]\nExecStart=/usr/bin/llama-server -m /models/m.gguf --port 8080 -np 4\n"
+# Typer's own --help of a two-command app: Rich's help rendering (rich.markdown, pygments)
+# is imported by Typer for every --help.
+BARE_TYPER_HELP = (
+    "import typer; app = typer.Typer(); app.command('a')(lambda: None); "
+    "app.command('b')(lambda: None); app()"
+)
 SUMMARY = {"concurrency": 4, "output_tok_s": 120.0, "ttft_p99": 0.2, "n_errors": 0}
 
 
@@ -114,6 +120,7 @@ def main() -> None:
         commands = {
             "python -c pass": [*py, "-c", "pass"],
             "import typer, rich (floor)": [*py, "-c", "import typer, rich.console, rich.table"],
+            "bare Typer app --help (floor)": [*py, "-c", BARE_TYPER_HELP, "--help"],
             "flagtrial --help": [*ft, "--help"],
             "flagtrial history": [*ft, "history", "-p", project],
             "flagtrial show 1": [*ft, "show", "1", "-p", project],
