@@ -17,6 +17,7 @@ from flagtrial.demo import free_port, write_unit
 from flagtrial.judge import decide
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
+from flagtrial.reasons import Code
 from flagtrial.settings import Policy
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import ServerDiedError, Session, Trial
@@ -138,9 +139,14 @@ def test_no_interval_reason_counts_the_clean_runs() -> None:
     runs = {4: [summary(100.0), summary(101.0)]}
     verdict = decide(Policy(), FactsDiff(capacity=[], explicit=[], implicit=[]), [], runs, runs)
     assert verdict.decision == "INCONCLUSIVE"
-    assert verdict.reasons[0] == (
-        "no interval for output tok/s at c=4: 2 known-good and 2 candidate clean runs"
-    )
+    assert verdict.reasons[0].code == Code.NO_INTERVAL
+    assert verdict.reasons[0].values == {
+        "metric": "output_tok_s",
+        "label": "output tok/s",
+        "level": 4,
+        "baseline_runs": 2,
+        "candidate_runs": 2,
+    }
 
 
 @pytest.mark.slow

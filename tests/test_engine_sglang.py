@@ -16,11 +16,12 @@ from flagtrial.engines import make_engine
 from flagtrial.engines.flag_table import EngineSchema, check_candidate
 from flagtrial.engines.pyengine import engine_schema
 from flagtrial.engines.sglang import _metric, parse_startup_log, server_args_from_log
-from flagtrial.engines.source_flags import extract
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.reasons import Code
 from flagtrial.settings import load_project
+from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial
@@ -308,12 +309,18 @@ def test_seed_on_0_5_10_reverts_on_the_capacity_loss(seed_project) -> None:
     assert outcome.verdict.decision == "REVERT"
     assert outcome.facts_before.capacity["concurrent_requests"] == 48
     assert outcome.facts_after.capacity["concurrent_requests"] == 26
-    reasons = "\n".join(outcome.verdict.reasons)
     # -45.8 %: the seed's 48 -> 26, a 46 % capacity loss, and no throughput gain.
-    assert "capacity loss: concurrent requests 48 -> 26 (-45.8 %)" in reasons
+    loss = outcome.verdict.first({Code.CAPACITY})
+    assert loss is not None
+    assert (loss.values["name"], loss.values["before"], loss.values["after"]) == (
+        "concurrent_requests",
+        48,
+        26,
+    )
+    assert round(loss.values["pct"], 1) == -45.8
     # no gain either way: equal work on the stand-in reads as no gain (or, on a noisy run,
     # as a loss); never as a gain that could pay for the capacity
-    assert "no real gain, but a cost" in reasons or reasons.startswith("harmful")
+    assert outcome.verdict.reasons[0].code in (Code.COST_WITHOUT_GAIN, Code.HARM)
     assert outcome.facts_after.version == "0.5.10"
     assert "concurrent_requests" in outcome.facts_after.sources
     # The KV pool shrank too, an implicit change the change never named.
@@ -332,7 +339,9 @@ def test_same_change_on_0_5_23_crashes_at_start_on_sm120(seed_project) -> None:
     project = seed_project(SGLANG)
     outcome, _ = run_trial(project, SEED_CHANGE)
     assert outcome.verdict.decision == "REVERT"
-    assert outcome.verdict.reasons[0] == (
+    crashed = outcome.verdict.reasons[0]
+    assert crashed.code == Code.CANDIDATE_NOT_READY
+    assert crashed.values["error"] == (
         "server crashed at start (exit 1): ValueError: FlashInfer allreduce fusion requires "
         "SM90 or SM10X NVIDIA GPUs."
     )

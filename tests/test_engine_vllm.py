@@ -13,11 +13,12 @@ import pytest
 from flagtrial.demo import free_port
 from flagtrial.engines import logfacts, promtext
 from flagtrial.engines.pyengine import engine_schema
-from flagtrial.engines.source_flags import extract
 from flagtrial.engines.vllm import parse_startup_log
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.change import Change, Edit, apply_change
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.reasons import Code
+from flagtrial.sourceread import extract
 from flagtrial.targets.process import ProcessTarget
 from harness.standin import write_project
 from harness.vllm_fixtures import run_trial
@@ -196,7 +197,12 @@ def vllm_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_enforce_eager_trial_reverts_with_its_implicit_changes(vllm_project) -> None:
     outcome, _ = run_trial(vllm_project(), Change(edits=[Edit(op="add", name="--enforce-eager")]))
     assert outcome.verdict.decision == "REVERT"
-    assert outcome.verdict.reasons[0].startswith("harmful: output tok/s at c=8")
+    lead = outcome.verdict.reasons[0]
+    assert (lead.code, lead.values["metric"], lead.values["concurrency"]) == (
+        Code.HARM,
+        "output_tok_s",
+        8,
+    )
     before, after = outcome.facts_before, outcome.facts_after
     assert before.version == "0.33.0"
     assert before.sources["kv_tokens"] == "GET /metrics vllm:cache_config_info kv_cache_size_tokens"
@@ -220,10 +226,16 @@ def test_capacity_guard_reverts_before_any_candidate_load(vllm_project) -> None:
     assert outcome.verdict.decision == "REVERT"
     # The scheduler's sequence limit binds below the KV cache at the workload's length
     # (a longer --max-model-len would not: the workload's requests still fit as many).
-    assert outcome.verdict.reasons[0] == (
-        "capacity loss: concurrent requests 1024 -> 256 (-75.0 %), bound by max_num_seqs = 256, "
-        "beyond the 5 % guardrail"
-    )
+    loss, guard = outcome.verdict.reasons
+    assert (loss.code, guard.code) == (Code.CAPACITY, Code.CAPACITY_GUARD_REVERT)
+    assert {k: loss.values[k] for k in ("name", "before", "after", "pct", "bound_by", "limit")} == {
+        "name": "concurrent_requests",
+        "before": 1024,
+        "after": 256,
+        "pct": -75.0,
+        "bound_by": "max_num_seqs = 256",
+        "limit": 5.0,
+    }
     assert outcome.facts_before.sources["concurrent_requests"] == (
         "bound by max_num_seqs = 1024 (GET /server_info?config_format=json)"
     )

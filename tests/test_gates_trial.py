@@ -13,6 +13,7 @@ from flagtrial.demo import free_port
 from flagtrial.errors import GateError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
+from flagtrial.reasons import Code
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial, TrialOutcome
 from harness.cli import cli
@@ -73,14 +74,25 @@ def test_fails_at_startup_stops_before_deploying(tmp_path: Path, monkeypatch) ->
 def test_forced_deploy_crashes_and_reverts_citing_the_source(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     outcome = trial(project_for(tmp_path, monkeypatch, SGLANG), force=True)
     assert outcome.verdict.decision == "REVERT"
-    assert outcome.verdict.reasons[0].startswith("server crashed at start")
-    assert any("source gate: --enable-flashinfer-allreduce-fusion: FAILS AT STARTUP" in r
-               for r in outcome.verdict.reasons)  # fmt: skip
+    crashed = outcome.verdict.reasons[0]
+    assert crashed.code == Code.CANDIDATE_NOT_READY
+    assert str(crashed.values["error"]).startswith("server crashed at start")
+    gate = outcome.verdict.first({Code.SOURCE_GATE})
+    assert gate is not None
+    assert (gate.values["flag"], gate.values["setting"], gate.values["outcome"]) == (
+        "--enable-flashinfer-allreduce-fusion",
+        "--enable-flashinfer-allreduce-fusion",
+        "FAILS AT STARTUP",
+    )
 
 
 def test_seed_version_reads_as_a_no_op_in_the_revert(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     outcome = trial(project_for(tmp_path, monkeypatch, SGLANG_OLD))
     assert outcome.verdict.decision == "REVERT"
-    reasons = "\n".join(outcome.verdict.reasons)
-    assert "capacity loss: " in reasons
-    assert "source gate: --enable-flashinfer-allreduce-fusion: NO-OP ON THIS HARDWARE" in reasons
+    assert outcome.verdict.first({Code.CAPACITY}) is not None
+    gate = outcome.verdict.first({Code.SOURCE_GATE})
+    assert gate is not None
+    assert (gate.values["setting"], gate.values["outcome"]) == (
+        "--enable-flashinfer-allreduce-fusion",
+        "NO-OP ON THIS HARDWARE",
+    )

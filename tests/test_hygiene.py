@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,8 @@ from flagtrial.hygiene import (
     parse_sample,
     sample_local,
 )
+from flagtrial.targets.hostfacts import parse_nvidia_smi
+from flagtrial.targets.process import ProcessTarget
 
 BUSY = [sys.executable, "-c", "while True: pass"]
 
@@ -230,3 +234,23 @@ def test_a_failed_sample_is_an_error_not_zero_load() -> None:
 def test_real_nvidia_smi_sample() -> None:
     s = sample_local()
     assert s.gpu_util_pct, "nvidia-smi present but no GPU utilisation read"
+
+
+def test_host_facts_read_the_same_nvidia_smi_csv() -> None:
+    """The host facts' query of the one nvidia-smi probe: a row per GPU, a driver's error
+    line is no GPU."""
+    csv = "NVIDIA H200, 9.0, 143771 MiB, 570.86.15\nNVIDIA H200, 9.0, 143771 MiB, 570.86.15\n"
+    gpus = parse_nvidia_smi(csv + "Unable to determine the device handle for GPU 2: Unknown\n")
+    assert [(g.name, g.compute_cap, g.memory_total) for g in gpus] == [
+        ("NVIDIA H200", "9.0", "143771 MiB")
+    ] * 2
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="no nvidia-smi on this machine")
+def test_real_nvidia_smi_host_facts_and_sample_see_the_same_gpus(tmp_path: Path) -> None:
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    n_gpus = listed.stdout.count("GPU ")
+    host = asyncio.run(ProcessTarget(tmp_path / "u.service", tmp_path / "state").host_facts())
+    assert len(host.gpus) == n_gpus > 0
+    assert all(g.compute_cap and g.driver_version for g in host.gpus)
+    assert sorted(sample_local().gpu_util_pct) == list(range(n_gpus))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from flagtrial.errors import LedgerError, ProjectError
 from flagtrial.ledger import SCHEMA_VERSION, Ledger
+from flagtrial.reasons import Code, Reason
 from flagtrial.settings import load_project
 
 
@@ -28,10 +30,11 @@ def test_trial_journal(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "l.db")
     gen = ledger.record_generation("t", "spec")
     trial = ledger.start_trial("t", {"edits": []}, gen.id)
-    ledger.step(trial, "judged", "REVERT", verdict="REVERT", reasons_json=["x"])
+    died = Reason(code=Code.SERVER_DIED, values={"error": "x"})
+    ledger.step(trial, "judged", "REVERT", verdict="REVERT", reasons_json=[died.model_dump()])
     ledger.add_run(trial, "baseline", 8, 0, {"output_tok_s": 1.0})
     row = ledger.trial(trial)
-    assert (row.state, row.verdict, row.reasons) == ("judged", "REVERT", ["x"])
+    assert (row.state, row.verdict, row.reasons) == ("judged", "REVERT", [died])
     assert [e.state for e in ledger.events(trial)] == ["planned", "judged"]
     assert ledger.runs(trial)[0]["summary"] == {"output_tok_s": 1.0}
     # a second connection (another flagtrial process) sees the same ledger
@@ -80,6 +83,53 @@ def test_schema_1_ledger_is_migrated_with_its_runs(tmp_path: Path) -> None:
     assert run["summary"] == {"output_tok_s": 100.0}
     migrated.add_run(trial, "candidate", 8, 0, {}, block=1, disturbed="busy", foreign={"a": 1})
     assert migrated.runs(trial)[1]["foreign"] == {"a": 1}
+
+
+def schema_3_trial(ledger: Ledger) -> int:
+    """A trial as schema 3 stored it: reasons as plain text, in the column and the record."""
+    gen = ledger.record_generation("t", "ExecStart=/bin/x\n")
+    trial = ledger.start_trial("t", {"edits": []}, gen.id)
+    words = ["harmful: output tok/s at c=8: 300 -> 200 (-33.3 %, -40.0 .. -26.0 %)", "x"]
+    record = {"verdict": {"decision": "REVERT", "reasons": words, "effects": []}, "host": {}}
+    ledger.db.execute(
+        "UPDATE trials SET verdict='REVERT', reasons_json=?, record_json=? WHERE id=?",
+        (json.dumps(words), json.dumps(record), trial),
+    )
+    ledger.db.execute("PRAGMA user_version=3")
+    return trial
+
+
+def test_schema_3_reasons_get_codes(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    ledger = Ledger(path)
+    trial = schema_3_trial(ledger)
+    ledger.close()
+    migrated = Ledger(path)
+    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    row = migrated.trial(trial)
+    assert [(r.code, r.values) for r in row.reasons] == [
+        (
+            Code.TEXT,
+            {"text": "harmful: output tok/s at c=8: 300 -> 200 (-33.3 %, -40.0 .. -26.0 %)"},
+        ),
+        (Code.TEXT, {"text": "x"}),
+    ]
+    assert [r.message for r in row.reasons][1] == "x"
+    assert row.record["verdict"]["reasons"] == [r.model_dump() for r in row.reasons]
+    assert row.record["host"] == {}
+    # opened again: nothing to migrate, nothing changed
+    assert Ledger(path).trial(trial) == row
+
+
+def test_schema_3_export_imports_with_codes(tmp_path: Path) -> None:
+    old = Ledger(tmp_path / "old.db")
+    trial = schema_3_trial(old)
+    export = old.export(include_secrets=True)
+    export["schema_version"] = 3  # as a schema-3 flagtrial wrote it
+    copy = Ledger(tmp_path / "copy.db")
+    assert copy.import_(export) > 0
+    assert [(r.code, r.message) for r in copy.trial(trial).reasons][1] == (Code.TEXT, "x")
+    assert copy.trial(trial).record["verdict"]["reasons"][1]["code"] == "text"
 
 
 @pytest.mark.parametrize(

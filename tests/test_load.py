@@ -13,15 +13,10 @@ import pydantic
 import pytest
 
 from flagtrial.demo import free_port
-from flagtrial.load import (
-    RequestRecord,
-    RunResult,
-    Workload,
-    build_prompt,
-    run_level,
-    run_level_sync,
-    summarize,
-)
+from flagtrial.load.client import RequestRecord, build_prompt
+from flagtrial.load.runner import RunResult, run_level
+from flagtrial.load.summary import summarize
+from flagtrial.load.workload import Workload
 from harness.servers import wait_healthy
 
 
@@ -112,7 +107,7 @@ def _tokens_predicted(base_url: str) -> int:
 def test_stream_measures_ttft_itl_and_exact_tokens(run_llama_server, tiny_model: Path, api) -> None:
     url = run_llama_server(tiny_model, "-t", "1", "-c", "2048", "-np", "2", "--metrics")
     w = Workload(api=api, prompt_words=24, max_tokens=16, warmup_requests=3, run_timeout_s=60)
-    result = run_level_sync(url, w, concurrency=2, n_requests=5)
+    result = asyncio.run(run_level(url, w, concurrency=2, n_requests=5))
 
     s = result.summary
     assert (s.n_requests, s.n_ok, s.error_rate, s.errors) == (5, 5, 0.0, {})
@@ -134,7 +129,7 @@ def test_stream_measures_ttft_itl_and_exact_tokens(run_llama_server, tiny_model:
 def test_prompt_over_context_counts_http_errors(run_llama_server, tiny_model: Path) -> None:
     url = run_llama_server(tiny_model, "-t", "1", "-c", "256", "-np", "1")
     w = Workload(prompt_words=600, max_tokens=8, run_timeout_s=60)
-    result = run_level_sync(url, w, concurrency=2, n_requests=3)
+    result = asyncio.run(run_level(url, w, concurrency=2, n_requests=3))
 
     s = result.summary
     assert (s.n_requests, s.n_ok, s.n_errors, s.error_rate) == (3, 0, 3, 1.0)
@@ -147,12 +142,12 @@ def test_prompt_over_context_counts_http_errors(run_llama_server, tiny_model: Pa
 def test_outputs_cut_by_a_full_slot_are_counted_short(run_llama_server, tiny_model: Path) -> None:
     url = run_llama_server(tiny_model, "-t", "1", "-c", "128", "-np", "1")
     w = Workload(prompt_words=8, max_tokens=400, warmup_requests=0, run_timeout_s=60)
-    s = run_level_sync(url, w, concurrency=1, n_requests=2).summary
+    s = asyncio.run(run_level(url, w, concurrency=1, n_requests=2)).summary
     assert (s.n_ok, s.n_short) == (2, 2)
     assert s.output_tokens < 2 * 400
 
     roomy = Workload(prompt_words=8, max_tokens=16, warmup_requests=0, run_timeout_s=60)
-    assert run_level_sync(url, roomy, concurrency=1, n_requests=2).summary.n_short == 0
+    assert asyncio.run(run_level(url, roomy, concurrency=1, n_requests=2)).summary.n_short == 0
 
 
 @pytest.mark.slow
@@ -160,7 +155,7 @@ def test_run_bound_cancels_and_counts_in_flight(run_llama_server, small_model: P
     url = run_llama_server(small_model, "-t", "1", "-c", "4096", "-np", "2")
     w = Workload(prompt_words=16, max_tokens=1024, warmup_requests=0, run_timeout_s=0.3)
     began = time.monotonic()
-    result = run_level_sync(url, w, concurrency=2, n_requests=8)
+    result = asyncio.run(run_level(url, w, concurrency=2, n_requests=8))
     assert time.monotonic() - began < 5
 
     s = result.summary
@@ -216,7 +211,7 @@ def test_more_slots_lower_ttft_under_concurrency(run_llama_server, small_model: 
     ttft = {}
     for slots in ("1", "4"):
         url = run_llama_server(small_model, "-t", "1", "-c", str(512 * int(slots)), "-np", slots)
-        s = run_level_sync(url, w, concurrency=4, n_requests=8).summary
+        s = asyncio.run(run_level(url, w, concurrency=4, n_requests=8)).summary
         assert s.n_ok == 8, s.errors
         ttft[slots] = s.ttft_p50
     # One slot queues the other three requests behind a whole generation; four slots do not.

@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from flagtrial.demo import free_port
-from flagtrial.engines.base import StartProgress, start_phases_seen
+from flagtrial.engines.base import Phase, PhaseName, StartProgress, phase_entries
 from flagtrial.engines.llamacpp import START_PHASES as LLAMACPP
 from flagtrial.engines.sglang import START_PHASES as SGLANG
 from flagtrial.engines.vllm import START_PHASES as VLLM
@@ -45,11 +45,15 @@ LLAMACPP_VERBOSE = [
 ]
 
 
+def phases_seen(phases: tuple[Phase, ...], log: str) -> list[PhaseName]:
+    return [name for name, _ in phase_entries(phases, log)]
+
+
 def test_llamacpp_phases_from_its_own_log() -> None:
     default = (LOGS / "llamacpp-start.log").read_text()
-    assert start_phases_seen(LLAMACPP, default) == ["loading weights", "ready"]
+    assert phases_seen(LLAMACPP, default) == ["loading weights", "ready"]
     verbose = (LOGS / "llamacpp-start-verbose.log").read_text()
-    assert start_phases_seen(LLAMACPP, verbose) == LLAMACPP_VERBOSE
+    assert phases_seen(LLAMACPP, verbose) == LLAMACPP_VERBOSE
     # older builds' lines (a 2025 CPU build's log): KV self size, `server is listening on`
     older = (
         "0.00.043.951 I llama_new_context_with_model: KV self size  =    9.00 MiB, K (f16):"
@@ -57,12 +61,12 @@ def test_llamacpp_phases_from_its_own_log() -> None:
         "main: HTTP server is listening, hostname: 127.0.0.1, port: 8080, http threads: 3\n"
         "main: server is listening on http://127.0.0.1:8080 - starting the main loop\n"
     )
-    assert start_phases_seen(LLAMACPP, older) == ["KV allocation", "ready"]
+    assert phases_seen(LLAMACPP, older) == ["KV allocation", "ready"]
 
 
 def test_vllm_phases_from_a_real_cpu_start() -> None:
     log = (LOGS / "vllm-0.32-cpu-start.log").read_text()
-    assert start_phases_seen(VLLM, log) == [
+    assert phases_seen(VLLM, log) == [
         "loading weights",
         "compiling",
         "KV allocation",
@@ -72,7 +76,7 @@ def test_vllm_phases_from_a_real_cpu_start() -> None:
 
 def test_sglang_phases_from_a_real_cpu_start() -> None:
     log = (LOGS / "sglang-0.5.23-cpu-start.log").read_text()
-    assert start_phases_seen(SGLANG, log) == [
+    assert phases_seen(SGLANG, log) == [
         "loading weights",
         "KV allocation",
         "warming up",

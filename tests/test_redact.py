@@ -13,6 +13,7 @@ from flagtrial.engines.vllm import parse_startup_log
 from flagtrial.facts import Facts
 from flagtrial.launch.spec import parse_command, parse_unit
 from flagtrial.ledger import Ledger
+from flagtrial.reasons import Code, Reason
 from flagtrial.redact import MARK, Redactor, is_secret_name
 
 UNIT = """[Unit]
@@ -140,7 +141,8 @@ def test_ledger_keeps_specs_for_restore_and_redacts_everything_else(tmp_path: Pa
     good = ledger.record_generation("t", UNIT)
     change = {"edits": [{"op": "setenv", "name": "HF_TOKEN", "value": "hf_in_change"}]}
     trial = ledger.start_trial("t", change, good.id)
-    ledger.step(trial, "judged", "crashed: --api-key api_key_value", reasons_json=["hf_in_change"])
+    died = Reason(code=Code.SERVER_DIED, values={"error": "hf_in_change"}).model_dump()
+    ledger.step(trial, "judged", "crashed: --api-key api_key_value", reasons_json=[died])
     assert ledger.generation(good.id).spec_text == UNIT  # what a restore installs
     raw = json.dumps([dict(r) for r in ledger.db.execute("SELECT * FROM trials")])
     raw += json.dumps([dict(r) for r in ledger.db.execute("SELECT * FROM events")])

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flagtrial import sourceread
 from flagtrial.demo import free_port
-from flagtrial.engines import promtext, source_flags
+from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
 from flagtrial.engines.sglang import PARSER, parse_startup_log
 from flagtrial.load.client import build_prompt
@@ -64,7 +65,7 @@ def test_static_reader_matches_the_real_parser(sglang_bin: Path, tmp_path: Path)
     a bug in the reader."""
     target = host(tmp_path)
     real = asyncio.run(parser_table(target, str(sglang_bin), PARSER))
-    reader = Path(source_flags.__file__).read_text()
+    reader = sourceread.program()
     rc, out = asyncio.run(target.run([str(sglang_bin), "-c", reader, "sglang"], timeout_s=120.0))
     static = json.loads(out.strip().splitlines()[-1])
     assert rc == 0, static
@@ -194,10 +195,18 @@ def test_fewer_running_requests_revert_with_the_binding_limit_named(
         members = target.group_members(leader) if leader else []  # type: ignore[attr-defined]
     finally:
         asyncio.run(target.stop())  # type: ignore[attr-defined]
-    assert outcome["verdict"]["reasons"][0] == (
-        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_running_requests = 2, "
-        "beyond the 5 % guardrail"
-    )
+    loss = outcome["verdict"]["reasons"][0]
+    assert loss["code"] == "capacity"
+    assert {
+        k: loss["values"][k] for k in ("name", "before", "after", "pct", "bound_by", "limit")
+    } == {
+        "name": "concurrent_requests",
+        "before": 8,
+        "after": 2,
+        "pct": -75.0,
+        "bound_by": "max_running_requests = 2",
+        "limit": 5.0,
+    }
     assert outcome["facts_after"]["sources"]["concurrent_requests"].startswith(
         "bound by max_running_requests = 2 (GET /server_info"
     )

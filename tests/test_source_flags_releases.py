@@ -1,4 +1,4 @@
-"""The static reader (engines/source_flags.py) on every release in the supported range:
+"""The static reader (the sourceread package) on every release in the supported range:
 vLLM 0.30.0-0.33.0 and SGLang 0.5.10-0.5.23, each from its PyPI wheel's source (cached by
 flagtrial.gates.wheel; downloaded once).
 
@@ -15,14 +15,19 @@ import functools
 import gzip
 import importlib.util
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flagtrial.engines.source_flags import extract
+from flagtrial import sourceread
 from flagtrial.gates.wheel import engine_source
+from flagtrial.sourceread import extract
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(
@@ -197,3 +202,20 @@ def test_sglang_flags_read_by_hand() -> None:
     assert last["--disable-cuda-graph"]["deprecated"] == (
         "--cuda-graph-backend-{decode,prefill}=disabled"
     )
+
+
+@pytest.mark.parametrize("release", ["sglang==0.5.23", "vllm==0.33.0"])
+def test_the_program_shipped_to_the_host_reads_the_same_table(release: str) -> None:
+    """What pyengine runs on the host (`python -c PROGRAM ENGINE`): the whole package as one
+    program, on a Python that has no flagtrial (`-S`: no site-packages) and only the engine's
+    source on its path, within Linux's limit on one argument of a command (128 KiB), which an
+    SSH target's remote shell receives whole."""
+    engine = release.split("==")[0]
+    package, table = _table(release)
+    words = [sys.executable, "-S", "-c", sourceread.program(), engine]
+    assert len(shlex.join(words)) < 128 * 1024
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(package.parent)}
+    out = subprocess.run(words, capture_output=True, text=True, env=env, cwd="/", check=True)
+    shipped = json.loads(out.stdout.strip().splitlines()[-1])
+    assert shipped["location"] == str(package)
+    assert shipped["flags"] == table["flags"] and shipped["resolvers"] == table["resolvers"]

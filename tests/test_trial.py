@@ -18,6 +18,7 @@ import pytest
 from flagtrial.demo import free_port, write_unit
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
+from flagtrial.reasons import Code
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Session, Trial
 from harness.cli import cli
@@ -87,9 +88,17 @@ def test_seed_story_reverts_with_capacity_loss_and_verified_restore(project: Pro
     assert outcome["verdict"]["decision"] == "REVERT"
     assert outcome["facts_before"]["capacity"]["concurrent_requests"] == 8
     assert outcome["facts_after"]["capacity"]["concurrent_requests"] == 4
-    assert any("concurrent requests 8 -> 4 (-50.0 %)" in r for r in outcome["verdict"]["reasons"])
+    reasons = {r["code"]: r["values"] for r in outcome["verdict"]["reasons"]}
+    loss = reasons["capacity"]
+    assert (loss["name"], loss["before"], loss["after"], loss["pct"]) == (
+        "concurrent_requests",
+        8,
+        4,
+        -50.0,
+    )
     # kv_unified flipped although the change never named it
-    assert any("kv_unified" in r and "implicit" in r for r in outcome["verdict"]["reasons"])
+    implicit = [r for r in outcome["verdict"]["reasons"] if r["code"] == "implicit-change"]
+    assert any(r["values"]["name"] == "kv_unified" for r in implicit)
     assert outcome["restore"]["verified"] is True
     assert project.unit.read_text() == before
     history = project.cli("history", "--json")
@@ -152,7 +161,7 @@ def test_before_after_keep_rechecks_the_known_good_then_installs_the_candidate(
     # the re-check ran on the known-good, installed again after the candidate's runs
     assert ("installing", "generation 1 (known-good)") in events[:recheck]
     assert events[recheck + 1 :].count(("restarting", "candidate, to keep it")) == 1
-    assert any(r.startswith("known-good drift:") for r in outcome.verdict.reasons)
+    assert outcome.verdict.first({Code.DRIFT}) is not None
     assert outcome.facts_after is not None and outcome.facts_after.ready_s is not None
 
 
@@ -208,7 +217,7 @@ def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> No
     # the same arm again in the next block, restarted
     assert [r["arm"] for r in runs if r["block"] == first + 1] == ["candidate"]
     assert any("again: the last was disturbed" in d for _, d in events)
-    assert any("set aside as disturbed" in r for r in outcome.verdict.reasons)
+    assert outcome.verdict.first({Code.DISTURBED}) is not None
 
 
 def test_unknown_flag_fails_before_anything_changes(project: Project) -> None:
@@ -252,7 +261,9 @@ def test_server_killed_mid_measurement_rolls_back(project: Project) -> None:
     change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
     outcome = asyncio.run(Trial(session, change).run())
     assert outcome.verdict.decision == "REVERT"
-    assert "server died during the candidate measurement" in outcome.verdict.reasons[0]
+    died = outcome.verdict.reasons[0]
+    assert died.code == Code.SERVER_DIED
+    assert str(died.values["error"]).startswith("server died during the candidate measurement")
     assert outcome.restore is not None and outcome.restore.verified
 
 

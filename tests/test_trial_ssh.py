@@ -46,8 +46,13 @@ def test_seed_story_over_ssh(host: SystemdHost, project: Path) -> None:
     result = cli(project, "trial", "--add", "--cont-batching", "--set", "--parallel=-1", "--json")
     assert result.returncode == 10, result.stdout + result.stderr
     outcome = json.loads(result.stdout[result.stdout.index("{\n") :])
-    reasons = outcome["verdict"]["reasons"]
-    assert any("concurrent requests 8 -> 4 (-50.0 %)" in r for r in reasons)
+    [loss] = [r["values"] for r in outcome["verdict"]["reasons"] if r["code"] == "capacity"]
+    assert (loss["name"], loss["before"], loss["after"], loss["pct"]) == (
+        "concurrent_requests",
+        8,
+        4,
+        -50.0,
+    )
     assert outcome["restore"]["verified"] is True
     assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
     assert host.sh("systemctl is-active llama.service").stdout.strip() == "active"

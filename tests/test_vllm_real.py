@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flagtrial.engines import source_flags
+from flagtrial import sourceread
 from flagtrial.engines.pyengine import (
     engine_schema,
     installed_version,
@@ -24,6 +24,7 @@ from flagtrial.engines.pyengine import (
 from flagtrial.engines.vllm import PARSER, VllmEngine
 from flagtrial.facts import Facts
 from flagtrial.launch.change import Change, Edit
+from flagtrial.reasons import Code
 from flagtrial.targets.process import ProcessTarget
 from harness.cli import cli
 from harness.vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
@@ -96,7 +97,7 @@ def test_static_reader_matches_the_real_parser(vllm_bin: Path, tmp_path: Path) -
     (`--mm-processor-device`) cannot be known from source; the reader says so."""
     target = host(tmp_path)
     real = asyncio.run(parser_table(target, str(vllm_bin), PARSER))
-    reader = Path(source_flags.__file__).read_text()
+    reader = sourceread.program()
     rc, out = asyncio.run(target.run([str(vllm_bin), "-c", reader, "vllm"], timeout_s=120.0))
     static = json.loads(out.strip().splitlines()[-1])
     assert rc == 0, static
@@ -171,8 +172,9 @@ def test_a_value_the_engine_refuses_at_start_reverts_with_its_cause(
     assert re.fullmatch(
         r"server crashed at start(?: \(exit \d+\))?: ValueError: To serve at least one request "
         r"with the model's max seq len \(512\), .*",
-        outcome.verdict.reasons[0],
+        str(outcome.verdict.reasons[0].values["error"]),
     ), outcome.verdict.reasons
+    assert outcome.verdict.reasons[0].code == Code.CANDIDATE_NOT_READY
     assert outcome.facts_after is None
     assert not any(state == "measuring" for state, _ in events)
     assert outcome.restore is not None and outcome.restore.verified
@@ -224,9 +226,11 @@ def test_engine_core_killed_mid_measurement_reverts(vllm_trials: VllmTrials) -> 
     outcome, _ = run_trial(server.project, NO_OP, notify=kill_engine_core, stop=False)
     assert killed
     assert outcome.verdict.decision == "REVERT"
-    assert outcome.verdict.reasons[0] == (
-        "server died during the candidate measurement (c=8, run 2)"
-    ), outcome.verdict.reasons
+    died = outcome.verdict.reasons[0]
+    assert died.code == Code.SERVER_DIED
+    assert died.values["error"] == ("server died during the candidate measurement (c=8, run 2)"), (
+        outcome.verdict.reasons
+    )
     assert outcome.restore is not None and outcome.restore.verified
     assert server.target.spec_path.read_bytes() == known
 

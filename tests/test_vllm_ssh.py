@@ -23,13 +23,16 @@ from pathlib import Path
 import pytest
 
 from flagtrial.engines.base import wait_ready
+from flagtrial.engines.pyengine import _static_table
 from flagtrial.engines.vllm import VllmEngine
 from flagtrial.hygiene import USER_HZ, LoadSample, foreign_load, sample_local, sample_target
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.execwords import literal_word, quote_word
 from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
+from flagtrial.reasons import Code
 from flagtrial.settings import load_project
+from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
 from harness.hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
 from harness.session import locked_trial, session_for
@@ -155,6 +158,24 @@ def still_running(host: SystemdHost, procs: dict[int, tuple[str, int]]) -> dict[
     }
 
 
+def test_the_static_reader_runs_over_ssh(project: Path, vllm_bin: Path) -> None:
+    """The source reader reaches the host whole, as one `python -c` word over SSH, runs there
+    under the unit's Python with only the standard library, and reads the table it reads here
+    from the same package."""
+    target = make_target(load_project(project))
+
+    async def read() -> dict:
+        try:
+            return await _static_table(target, "vllm", str(vllm_bin))
+        finally:
+            await target.aclose()
+
+    there = asyncio.run(read())
+    assert "error" not in there, there
+    here = extract("vllm", Path(there["location"]))
+    assert (there["version"], there["flags"]) == ("0.32.0", here["flags"])
+
+
 def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
     host: SystemdHost, project: Path, known_good: str
 ) -> None:
@@ -177,10 +198,16 @@ def test_fewer_sequences_over_ssh_revert_and_no_old_process_outlives_a_restart(
     change = Change(edits=[Edit(op="set", name="--max-num-seqs", value="2")])
     outcome = asyncio.run(locked_trial(session_for(project, on_event), change))
     assert outcome.verdict.decision == "REVERT", events
-    assert outcome.verdict.reasons[0] == (
-        "capacity loss: concurrent requests 8 -> 2 (-75.0 %), bound by max_num_seqs = 2, "
-        "beyond the 5 % guardrail"
-    )
+    loss = outcome.verdict.reasons[0]
+    assert loss.code == Code.CAPACITY
+    assert {k: loss.values[k] for k in ("name", "before", "after", "pct", "bound_by", "limit")} == {
+        "name": "concurrent_requests",
+        "before": 8,
+        "after": 2,
+        "pct": -75.0,
+        "bound_by": "max_num_seqs = 2",
+        "limit": 5.0,
+    }
     assert outcome.facts_before.version == outcome.facts_after.version == "0.32.0"
     assert outcome.restore is not None and outcome.restore.verified
     assert outcome.restore.facts.capacity["concurrent_requests"] == 8

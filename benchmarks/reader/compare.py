@@ -1,4 +1,4 @@
-"""The static reader (engines/source_flags.py) against each release's own argument parser,
+"""The static reader (the sourceread package) against each release's own argument parser,
 flag by flag: option strings, negative spellings, action kind, nargs, value type, choices,
 deprecation, required. Any difference is a bug in the reader.
 
@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flagtrial import sourceread
 from flagtrial.cache import cache_root, vllm_python
-from flagtrial.engines import parser_dump, source_flags, vllm
+from flagtrial.engines import parser_dump, vllm
 from flagtrial.gates.wheel import engine_source
 
 HERE = Path(__file__).parent
@@ -117,7 +118,7 @@ def real_table(engine: str, site: Path, python: Path) -> dict[str, Any]:
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith(mark)), None)
     table = json.loads(line[len(mark) :]) if line else {"error": proc.stderr[-2000:]}
     if "flags" in table:
-        source_flags.mark_deprecations(table["flags"])  # as pyengine.parser_table does
+        sourceread.common.mark_deprecations(table["flags"])  # as pyengine.parser_table does
     return table
 
 
@@ -180,7 +181,7 @@ def differences(real: list[dict[str, Any]], static: list[dict[str, Any]]) -> lis
 def compare(engine: str, version: str, python: Path) -> dict[str, Any]:
     site = engine_source(engine, version)
     start = time.perf_counter()
-    static = source_flags.extract(engine, site / engine)
+    static = sourceread.extract(engine, site / engine)
     read_s = time.perf_counter() - start
     real = real_table(engine, site, python)
     flags = [f for f in static["flags"] if not f.get("positional")]

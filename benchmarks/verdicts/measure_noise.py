@@ -11,6 +11,7 @@ noise_runs.json; fit_noise.py turns them into the simulator's parameters.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from pathlib import Path
 from server import server
 
 from flagtrial.hygiene import disturbed, foreign_load, sample_local
-from flagtrial.load.runner import run_level_sync
+from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
 
 HERE = Path(__file__).parent
@@ -43,7 +44,7 @@ def main() -> None:
         seed += 1
         before = sample_local()
         t0 = time.time()
-        result = run_level_sync(srv.url, WORKLOAD, 8, warmup=index == 0, seed=seed * 1000)
+        result = asyncio.run(run_level(srv.url, WORKLOAD, 8, warmup=index == 0, seed=seed * 1000))
         load = foreign_load(before, sample_local(), srv.pid, os.getpid())
         s = result.summary
         runs.append(

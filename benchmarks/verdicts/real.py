@@ -31,6 +31,7 @@ from flagtrial.engines import make_engine
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.load.workload import Workload
+from flagtrial.reasons import STOPS
 from flagtrial.settings import Policy, load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
@@ -94,14 +95,13 @@ def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> 
     verdict = outcome.verdict
     effect = next((e for e in verdict.effects if e.metric == primary), None)
     # why the measurement stopped: Stop.why, the first of the verdict's notes
-    stops = ("the interval", "bound:", "machine", "latency guardrail", "error guardrail")
-    why = next((r for r in verdict.reasons if r.startswith(stops)), verdict.reasons[0])
+    why = verdict.first(STOPS) or verdict.reasons[0]
     foreign = [r["foreign"]["cpu_cores"] for r in runs if r["foreign"]]
     return {
         "decision": verdict.decision,
         "finding": verdict.finding,
-        "why": why,
-        "reason": verdict.reasons[0],
+        "why": why.message,
+        "reason": verdict.reasons[0].message,
         "runs": len(runs),
         "load_s": sum(r["summary"]["duration_s"] for r in runs),
         "wall_s": wall_s,

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
-from simulate import Noise, fixed_decision, fixed_trial, sequential_trial
+from simulate import Noise, fixed_decision, fixed_trial, sequential_trial, welch_interval
 
 from flagtrial import stats
 from flagtrial.sequential import Design
@@ -96,7 +96,7 @@ def _fixed_cell(args: tuple[Noise, float, int, int]) -> dict:
             est, a, b, seconds = fixed_trial(noise, effect, n, rng)
             point[fixed_decision(est, policy)] += 1
             if len(a) >= 2:
-                iv = stats.welch_interval(a, b, policy.confidence)
+                iv = welch_interval(a, b, policy.confidence)
                 welch[fixed_decision(iv.est, policy, iv.lo, iv.hi)] += 1
             load.append(seconds)
         out["by_n"][str(n)] = {

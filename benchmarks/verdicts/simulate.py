@@ -19,9 +19,11 @@ fixed-length protocol is one run of N requests per arm, baseline then candidate.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from flagtrial import stats
 from flagtrial.facts import Facts, diff_facts
@@ -198,6 +200,20 @@ def fixed_trial(
         arms.append(values)
     est = float(np.mean(arms[1]) - np.mean(arms[0]))
     return est, arms[0], arms[1], load
+
+
+def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float) -> stats.Interval:
+    """Log ratio mean(b) / mean(a) of independent log values, Welch t interval: the fixed-n
+    designs' comparator (flagtrial itself never uses an unpaired interval)."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    diff = float(y.mean() - x.mean())
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return stats.Interval(diff, diff, diff, min(len(x), len(y)))
+    df = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+    half = float(student_t.ppf(0.5 + confidence / 2, df)) * se
+    return stats.Interval(diff, diff - half, diff + half, min(len(x), len(y)))
 
 
 def fixed_decision(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib.metadata
 import json
 import shutil
 import signal
@@ -12,7 +10,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 import typer
@@ -22,7 +20,6 @@ from rich.markup import escape
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from flagtrial import ui
-from flagtrial.engines import ENGINES, GATED, detect_engine, make_engine
 from flagtrial.errors import (
     FlagtrialError,
     GateError,
@@ -31,12 +28,6 @@ from flagtrial.errors import (
     TargetError,
     UsageError,
 )
-from flagtrial.facts import Facts
-from flagtrial.gates import preflight as gating
-from flagtrial.gates.analyze import analyze_change, render_text
-from flagtrial.gates.model import GateHost
-from flagtrial.launch.change import Change
-from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import printable
 from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
 from flagtrial.projectfile import template
@@ -48,10 +39,14 @@ from flagtrial.settings import (
     parse_project,
     validate_project,
 )
-from flagtrial.targets import make_target
-from flagtrial.targets.holder import LockHolder, held_message, stop_holder
-from flagtrial.targets.process import STOP_GRACE_S, ProcessTarget
-from flagtrial.trial import Session, Trial
+
+# A command imports the engines, targets, trial and gate analysis it uses when it runs:
+# together they cost a start (httpx, asyncssh, numpy, scipy, the gate index) that --help,
+# history and show must not pay.
+if TYPE_CHECKING:
+    from flagtrial.launch.change import Change
+    from flagtrial.targets.holder import LockHolder
+    from flagtrial.trial import Session
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -88,6 +83,8 @@ UnsetEnvOpt = Annotated[
 
 def _version(value: bool) -> None:
     if value:
+        import importlib.metadata
+
         ui.console.print(f"flagtrial {importlib.metadata.version('flagtrial')}")
         raise typer.Exit()
 
@@ -109,6 +106,7 @@ def run(body: Callable[[], Awaitable[T]]) -> T:
     Ctrl-C and SIGTERM cancel the body, whose own cleanup (a trial's rollback) runs before
     the exit with 130; a second Ctrl-C stops at once and leaves the journal to `recover`.
     """
+    import asyncio  # not at start: --help and the ledger commands run no event loop
 
     async def guarded() -> T:
         task = asyncio.current_task()
@@ -130,6 +128,10 @@ async def open_session(
     project_path: Path, *, accept_new_host_key: bool = False, json_out: bool = False
 ) -> AsyncIterator[Session]:
     """With `json_out`, progress lines go to stderr: stdout holds only the JSON."""
+    from flagtrial.engines import make_engine
+    from flagtrial.targets import make_target
+    from flagtrial.trial import Session
+
     project = load_project(project_path)
     target = make_target(project, accept_new_host_key=accept_new_host_key)
     notify = ui.notify_stderr if json_out else ui.notify
@@ -155,6 +157,8 @@ def make_change(
     env: list[str] | None,
     unset_env: list[str] | None,
 ) -> Change:
+    from flagtrial.launch.change import Change
+
     change = Change.from_cli(
         add=add or [],
         set_=set_ or [],
@@ -210,6 +214,8 @@ def init(
     accept_new: AcceptNewOpt = False,
 ) -> None:
     """Write a commented project file, from options or from a live unit."""
+    from flagtrial.engines import ENGINES
+
     ssh = Ssh(
         known_hosts=str(known_hosts.resolve()) if known_hosts else None,
         identity_file=str(identity_file.resolve()) if identity_file else None,
@@ -249,6 +255,10 @@ def _split_host_unit(text: str) -> tuple[str, str]:
 
 async def _inspect_unit(target: str, unit: str, ssh: Ssh, accept_new: bool) -> tuple[str, str]:
     """The engine and endpoint a live unit runs, read from its ExecStart."""
+    from flagtrial.engines import ENGINES, detect_engine
+    from flagtrial.launch.schema import flag_value
+    from flagtrial.targets import make_target
+
     live = Project(target=target, unit=unit, ssh=ssh)
     host = make_target(live, accept_new_host_key=accept_new)
     try:
@@ -297,6 +307,8 @@ def trial(
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
+    from flagtrial.trial import Trial
+
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> int:
@@ -326,6 +338,10 @@ def preflight(
     json_out: JsonOpt = False,
 ) -> None:
     """Validate a change against the engine's own flags and show the candidate; deploys nothing."""
+    from flagtrial.engines import GATED
+    from flagtrial.gates import preflight as gating
+    from flagtrial.gates.analyze import render_text
+
     change = make_change(add, set_, remove, env, unset_env)
 
     async def body() -> None:
@@ -395,6 +411,10 @@ def gates(
     json_out: JsonOpt = False,
 ) -> None:
     """Will FLAG act on this GPU? Evidence from the engine's own source; no host needed."""
+    from flagtrial.engines import GATED
+    from flagtrial.gates.analyze import analyze_change, render_text
+    from flagtrial.gates.model import GateHost
+
     name, sep, version = engine.partition("==")
     if not sep or name not in GATED or not sm:
         raise typer.BadParameter("give --engine sglang==VERSION or vllm==VERSION, and --sm")
@@ -535,6 +555,8 @@ def unlock(
 ) -> None:
     """Free the target's lock when its holder is gone. A holder that still runs is named and
     left alone (exit 6) unless --force."""
+    from flagtrial.targets.holder import held_message
+
     # with --json, the lines go to stderr and stdout holds {"lock": ..., "holder": ...}
     say = ui.err_console.print if json_out else ui.console.print
 
@@ -582,6 +604,9 @@ def unlock(
 async def _stop_holder(session: Session, holder: LockHolder, say: Callable[..., None]) -> None:
     """Stop a live holder (on this machine: signals; elsewhere only its lock can be broken),
     and free what its lock leaves on the host."""
+    from flagtrial.targets.holder import stop_holder
+    from flagtrial.targets.process import STOP_GRACE_S
+
     target = session.target
     if holder.alive and holder.host == socket.gethostname():
         # long enough for its own rollback: a stop, a start and the wait until ready
@@ -644,6 +669,8 @@ async def _read_facts(
 ) -> None:
     """What `facts` can read without restarting anything: the known-good's recorded facts and
     the live server's, over HTTP."""
+    from flagtrial.facts import Facts
+
     good = session.ledger.last_known_good(session.target.name)
     known = Facts.model_validate(good.facts) if good and good.facts else None
     live = await session.live_facts()
@@ -694,6 +721,9 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
 async def _open_trials(proj: Project, trials: list[TrialRow]) -> list[str]:
     """Whether each trial with an open journal runs (its holder holds the lock) or was left
     unfinished (its holder is gone): only the target's lock tells."""
+    from flagtrial.targets import make_target
+    from flagtrial.targets.holder import held_message
+
     holder, unknown = None, ""
     target = make_target(proj)
     try:
@@ -741,7 +771,7 @@ def show(
     for edit in row.change.get("edits", []):
         ui.console.print(f"  {ui._edit(edit)}")
     for reason in row.reasons:
-        ui.console.print(f"  - {reason}")
+        ui.console.print(f"  - {reason.message}")
     if runs:
         ui.console.print(ui.runs_table(runs))
     ui.console.print(ui.timeline(events))
@@ -778,6 +808,8 @@ def demo(
     facts, reverted and verified."""
     from flagtrial.cache import llama_server_path, vllm_python
     from flagtrial.demo import DEMO_CHANGE, VLLM_DEMO_CHANGE, free_port, prepare, prepare_vllm
+    from flagtrial.targets.process import ProcessTarget
+    from flagtrial.trial import Trial
 
     stories = {
         "llamacpp": (llama_server_path(), "llama-server not built", "`make demo`, which builds it",

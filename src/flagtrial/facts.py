@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from flagtrial.load.runner import run_level
 from flagtrial.load.workload import Workload
 from flagtrial.redact import Redactor
 
@@ -133,6 +132,8 @@ async def request_tokens(base_url: str, workload: Workload) -> float | None:
     (usage.prompt_tokens of a one-token completion, so chat templates and special tokens
     count) plus the tokens it asks for. None where the server reports no usage, e.g. it
     refuses the prompt as longer than its context."""
+    from flagtrial.load.runner import run_level  # httpx and numpy: only where load is sent
+
     probe = workload.model_copy(update={"max_tokens": 1, "ignore_eos": False})
     result = await run_level(
         base_url, probe, 1, n_requests=MEASURED_PROMPTS, warmup=False, seed=_MEASURE_SEED
@@ -181,9 +182,6 @@ class FactsDiff(BaseModel):
     def worst_capacity_loss(self) -> CapacityChange | None:
         losses = [c for c in self.capacity if c.pct < 0]
         return min(losses, key=lambda c: c.pct) if losses else None
-
-    def capacity_matches(self) -> bool:
-        return all(c.pct == 0 for c in self.capacity)
 
 
 def diff_facts(before: Facts, after: Facts, named_settings: set[str]) -> FactsDiff:

@@ -24,6 +24,7 @@ UNIT])`).
 from __future__ import annotations
 
 import asyncio
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -31,16 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flagtrial.targets.base import Target
+from flagtrial.targets.hostfacts import nvidia_smi, nvidia_smi_rows
 from flagtrial.targets.systemd import SystemdTarget
 
 # The Linux user-space tick of /proc/stat and /proc/<pid>/stat: 100 Hz on every mainstream
 # architecture (USER_HZ is fixed by the kernel ABI, independent of CONFIG_HZ).
 USER_HZ = 100
 _SEP = "@@flagtrial-hygiene@@"
-_GPU_QUERY = "nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits"
-_APPS_QUERY = (
-    "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits"
-)
+_GPU_QUERY = nvidia_smi("gpu", "index,utilization.gpu", units=False)
+_APPS_QUERY = nvidia_smi("compute-apps", "pid,process_name,used_memory", units=False)
 
 # The processes of the systemd unit named by $1 (none without one): every cgroup.procs under
 # its cgroup, on the unified hierarchy (cgroup v2, or hybrid's) or on v1's systemd one.
@@ -56,7 +56,8 @@ _UNIT_PROCS = (
 SAMPLE_SHELL = (
     f"cat /proc/uptime; echo {_SEP}; cat /proc/stat; echo {_SEP}; "
     f"cat /proc/[0-9]*/stat 2>/dev/null; echo {_SEP}; "
-    f"{_GPU_QUERY} 2>/dev/null; echo {_SEP}; {_APPS_QUERY} 2>/dev/null; echo {_SEP}; "
+    f"{shlex.join(_GPU_QUERY)} 2>/dev/null; echo {_SEP}; "
+    f"{shlex.join(_APPS_QUERY)} 2>/dev/null; echo {_SEP}; "
     f"{_UNIT_PROCS}; exit 0"
 )
 
@@ -156,22 +157,20 @@ def _parse_pid_stats(text: str) -> dict[int, Proc]:
 
 def _parse_gpu(util_csv: str, apps_csv: str) -> tuple[dict[int, float], tuple[GpuProc, ...]]:
     util: dict[int, float] = {}
-    for line in util_csv.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 2 and cells[0].isdigit():
+    for index, pct in nvidia_smi_rows(util_csv, 2):
+        if index.isdigit():
             try:
-                util[int(cells[0])] = float(cells[1])
+                util[int(index)] = float(pct)
             except ValueError:  # "[N/A]" on some MIG and vGPU setups
                 continue
     apps = []
-    for line in apps_csv.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 3 and cells[0].isdigit():
+    for pid, name, used in nvidia_smi_rows(apps_csv, 3):
+        if pid.isdigit():
             try:
-                memory = float(cells[2])
+                memory = float(used)
             except ValueError:
                 memory = 0.0
-            apps.append(GpuProc(int(cells[0]), cells[1], memory))
+            apps.append(GpuProc(int(pid), name, memory))
     return util, tuple(apps)
 
 
@@ -202,11 +201,11 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _nvidia_smi(query: str) -> str:
+def _nvidia_smi(argv: list[str]) -> str:
     if shutil.which("nvidia-smi") is None:
         return ""
     try:
-        done = subprocess.run(query.split(), capture_output=True, text=True, timeout=10)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout if done.returncode == 0 else ""

@@ -2,35 +2,25 @@
 
 The effect of a change on a metric is the ratio of geometric means of the per-run values,
 candidate over baseline. The sequential protocols (flagtrial.sequential) compute its
-interval; `decide` turns intervals and the facts' diff into KEEP, REVERT or INCONCLUSIVE.
+interval; `decide` turns intervals and the facts' diff into KEEP, REVERT or INCONCLUSIVE by
+the rules of flagtrial.guardrails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 from pydantic import BaseModel
 
-from flagtrial import stats
 from flagtrial.facts import FactsDiff
+from flagtrial.guardrails import GUARDRAILS, METRICS, PRIMARY, Evidence, Finding
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
+from flagtrial.reasons import EFFECT, Code, Reason, Value
 from flagtrial.settings import Policy
 
 Decision = Literal["KEEP", "REVERT", "INCONCLUSIVE"]
-# What the primary metric's interval showed, whatever the guardrails say.
-Finding = Literal["gain", "harm", "equivalent", "unresolved"]
-
-# metric -> (label, higher is better); all but goodput are RunSummary fields.
-METRICS: dict[str, tuple[str, bool]] = {
-    "output_tok_s": ("output tok/s", True),
-    "request_rate": ("requests/s", True),
-    "goodput": ("goodput req/s", True),
-    "ttft_p50": ("TTFT p50", False),
-    "ttft_p99": ("TTFT p99", False),
-    "itl_p50": ("ITL p50", False),
-}
 
 
 def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> float:
@@ -68,33 +58,42 @@ class Effect(BaseModel):
     def label(self) -> str:
         return METRICS[self.metric][0]
 
+    def values(self) -> dict[str, Value]:
+        """What a reason about this effect cites (rendered by reasons.EFFECT)."""
+        return {
+            "metric": self.metric,
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "pct": self.pct,
+            "lo_pct": self.lo_pct,
+            "hi_pct": self.hi_pct,
+        }
+
     def describe(self) -> str:
-        return (
-            f"{self.label} at c={self.concurrency}: {self.baseline:.4g} -> {self.candidate:.4g} "
-            f"({self.pct:+.1f} %, {self.lo_pct:+.1f} .. {self.hi_pct:+.1f} %)"
-        )
+        return EFFECT.format_map(self.values())
 
 
 class Verdict(BaseModel):
     decision: Decision
-    reasons: list[str]
+    reasons: list[Reason]
     effects: list[Effect]
     finding: Finding | None = None
 
+    @classmethod
+    def revert(cls, *reasons: Reason) -> Verdict:
+        """A REVERT that ends the trial before any interval: the candidate did not start,
+        died, broke a guardrail read from its facts, or the comparison is void."""
+        return cls(decision="REVERT", reasons=list(reasons), effects=[])
 
-def capacity_breach(policy: Policy, diff: FactsDiff) -> str | None:
-    """The capacity guardrail, read from the server's own facts."""
-    worst = diff.worst_capacity_loss()
-    if worst is not None and -worst.pct > policy.capacity_loss_max_pct:
-        return (
-            f"capacity loss: {worst.describe()}, beyond the {policy.capacity_loss_max_pct:g} % "
-            "guardrail"
-        )
-    return None
+    def first(self, codes: Collection[Code]) -> Reason | None:
+        """The first reason with one of `codes`, if any."""
+        return next((r for r in self.reasons if r.code in codes), None)
 
-
-def _find(found: list[Effect], metric: str, level: int) -> Effect | None:
-    return next((e for e in found if e.metric == metric and e.concurrency == level), None)
+    def adding(self, *after: Reason, before: Sequence[Reason] = ()) -> Verdict:
+        """This verdict with more reasons: `before` the deciding one, or after all."""
+        return self.model_copy(update={"reasons": [*before, *self.reasons, *after]})
 
 
 def decide(
@@ -103,7 +102,7 @@ def decide(
     found: list[Effect],
     baseline: dict[int, list[RunSummary]],
     candidate: dict[int, list[RunSummary]],
-    notes: Sequence[str] = (),
+    notes: Sequence[Reason] = (),
 ) -> Verdict:
     """One primary metric decides gain or harm; capacity, p99 TTFT and errors are guardrails.
 
@@ -111,105 +110,31 @@ def decide(
     even discussed, and here guardrails are hard limits, so any breach reverts. `notes` (how
     the measurement ended, disturbed runs) follow the deciding reason.
     """
-    level = policy.primary_concurrency or max(baseline)
-    costs: list[str] = []
-    reasons: list[str] = list(notes)
-
-    capacity = capacity_breach(policy, diff)
-    if capacity:
-        costs.append(capacity)
+    evidence = Evidence(
+        policy.primary_concurrency or max(baseline), found, baseline, candidate, diff
+    )
+    checked = [r for rule in GUARDRAILS for r in rule.check(policy, evidence)]
+    costs = [r for r in checked if r.breach]
+    reasons = [*notes]
     for change in diff.implicit:
-        reasons.append(f"implicit change (not named by the change): {change.describe()}")
-
-    for lvl, runs in sorted(candidate.items()):
-        errors = sum(r.n_errors for r in runs)
-        total = sum(r.n_requests for r in runs)
-        rate = errors / total if total else 0.0
-        if rate > policy.error_rate_max:
-            costs.append(
-                f"errors at c={lvl}: {errors}/{total} requests failed ({rate:.1%}), "
-                f"guardrail {policy.error_rate_max:.1%}"
+        reasons.append(
+            Reason(
+                code=Code.IMPLICIT_CHANGE, values={"name": change.name, "change": change.describe()}
             )
-
+        )
     for arm, arm_runs in (("known-good", baseline), ("candidate", candidate)):
         short = sum(r.n_short for runs in arm_runs.values() for r in runs)
         if short:
-            reasons.append(
-                f"warning: {short} {arm} requests returned fewer tokens than max_tokens "
-                "(the server cut them, e.g. a full slot context): throughput compares unequal work"
-            )
+            reasons.append(Reason(code=Code.SHORT_OUTPUTS, values={"count": short, "arm": arm}))
+    reasons += [r for r in checked if not r.breach]
 
-    ttft = _find(found, "ttft_p99", level)
-    if ttft and ttft.lo_pct > policy.ttft_p99_worse_max_pct:
-        costs.append(
-            f"latency guardrail: {ttft.describe()}, worse than +{policy.ttft_p99_worse_max_pct:g} %"
-        )
-
-    primary = _find(found, policy.primary_metric, level)
-    if primary is None:
-        return Verdict(
-            decision="REVERT" if costs else "INCONCLUSIVE",
-            effects=found,
-            finding="unresolved",
-            reasons=[
-                f"no interval for {METRICS[policy.primary_metric][0]} at c={level}: "
-                f"{len(baseline.get(level, []))} known-good and "
-                f"{len(candidate.get(level, []))} candidate clean runs",
-                *costs,
-                *reasons,
-            ],
-        )
-
-    eq_lo, eq_hi = policy.equivalence_bounds_pct
-    finding = stats.classify(
-        primary.lo_pct,
-        primary.hi_pct,
-        policy.improvement_margin_pct,
-        policy.harm_margin_pct,
-        (eq_lo, eq_hi),
-    )
-    if finding == "harm":
-        return Verdict(
-            decision="REVERT",
-            effects=found,
-            finding=finding,
-            reasons=[
-                f"harmful: {primary.describe()}, "
-                f"the whole interval below -{policy.harm_margin_pct:g} %",
-                *costs,
-                *reasons,
-            ],
-        )
-    if costs:
-        why = "a gain that breaks a guardrail" if finding == "gain" else "no real gain, but a cost"
-        return Verdict(
-            decision="REVERT",
-            effects=found,
-            finding=finding or "unresolved",
-            reasons=[f"{why}: {primary.describe()}", *costs, *reasons],
-        )
-    if finding == "gain":
-        return Verdict(
-            decision="KEEP",
-            effects=found,
-            finding=finding,
-            reasons=[
-                f"real improvement: {primary.describe()}, the whole interval above "
-                f"+{policy.improvement_margin_pct:g} %",
-                "no guardrail breached",
-                *reasons,
-            ],
-        )
-    if finding == "equivalent":
-        what = (
-            "no effect beyond the margins "
-            f"(the whole interval inside +-{policy.equivalence_margin_pct:g} %)"
-        )
+    finding, lead = PRIMARY.check(policy, evidence, cost=bool(costs))
+    decision: Decision
+    if costs or finding == "harm":
+        decision, said = "REVERT", costs
     else:
-        what = "the interval is too wide to tell"
+        decision = "KEEP" if finding == "gain" else "INCONCLUSIVE"
+        said = [] if lead.code == Code.NO_INTERVAL else [Reason(code=Code.NO_BREACH)]
     return Verdict(
-        decision="INCONCLUSIVE",
-        effects=found,
-        finding=finding or "unresolved",
-        reasons=[f"{what}: {primary.describe()}", "no guardrail breached", *reasons],
+        decision=decision, effects=found, finding=finding, reasons=[lead, *said, *reasons]
     )

@@ -15,9 +15,10 @@ from pydantic import BaseModel
 
 from flagtrial.errors import LedgerError, UsageError
 from flagtrial.launch.spec import decode_spec, encode_spec, spec_sha256
+from flagtrial.reasons import Reason, coded
 from flagtrial.redact import Redactor
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # A trial in any other state has an open journal: it is running while its holder holds the
 # target's lock, and unfinished (to recover) once that holder is gone.
@@ -82,6 +83,9 @@ ALTER TABLE generations ADD COLUMN spec BLOB NOT NULL DEFAULT x'';
 UPDATE generations SET spec = CAST(spec_text AS BLOB);
 ALTER TABLE generations DROP COLUMN spec_text;
 """
+# Schema 3 -> 4: reasons carry their codes (flagtrial.reasons); one stored as plain text
+# becomes a reason of code "text" with its words (_coded_trial), in the trial's reasons and
+# in the verdict of its record.
 
 
 class Generation(BaseModel):
@@ -103,7 +107,7 @@ class TrialRow(BaseModel):
     candidate_gen: int | None
     state: str
     verdict: str | None
-    reasons: list[str]
+    reasons: list[Reason]
     record: dict[str, Any]
     started_at: float
     finished_at: float | None
@@ -169,6 +173,15 @@ class Ledger:
             self.db.executescript(f"BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version=2; COMMIT;")
         if version <= 2:
             self.db.executescript(f"BEGIN; {MIGRATE_2_TO_3} PRAGMA user_version=3; COMMIT;")
+        if version <= 3:
+            with self.tx() as db:
+                for row in db.execute("SELECT * FROM trials").fetchall():
+                    new = _coded_trial(dict(row))
+                    db.execute(
+                        "UPDATE trials SET reasons_json=?, record_json=? WHERE id=?",
+                        (new["reasons_json"], new["record_json"], row["id"]),
+                    )
+                db.execute("PRAGMA user_version=4")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -362,7 +375,9 @@ class Ledger:
             candidate_gen=row["candidate_gen"],
             state=row["state"],
             verdict=row["verdict"],
-            reasons=secrets.data(json.loads(row["reasons_json"])),
+            reasons=[
+                Reason.model_validate(r) for r in secrets.data(json.loads(row["reasons_json"]))
+            ],
             record=secrets.data(json.loads(row["record_json"])),
             started_at=row["started_at"],
             finished_at=row["finished_at"],
@@ -415,9 +430,10 @@ class Ledger:
 
     def import_(self, data: dict[str, Any]) -> int:
         """Load an export into this (empty) ledger in one transaction; returns rows written."""
-        # Schema 2 only added run columns with defaults, and every schema exports a spec as
-        # spec_text: an export of any schema loads as it is.
-        if data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
+        # Schema 2 only added run columns with defaults, every schema exports a spec as
+        # spec_text, and a trial's plain-text reasons get codes on the way in (_imported):
+        # an export of any schema loads.
+        if data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
             raise LedgerError(
                 f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
             )
@@ -450,9 +466,26 @@ def _exported(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _imported(row: dict[str, Any]) -> dict[str, Any]:
-    """An exported row as the ledger holds it: a generation's spec text as its bytes."""
+    """An exported row as the ledger holds it: a generation's spec text as its bytes, a
+    trial's reasons with codes."""
+    if "reasons_json" in row:
+        return _coded_trial(row)
     if "spec_text" not in row:
         return row
     row = dict(row)
     row["spec"] = encode_spec(row.pop("spec_text"))
     return row
+
+
+def _coded_trial(row: dict[str, Any]) -> dict[str, Any]:
+    """A trial row with every reason coded (reasons.coded): in its reasons column and in the
+    verdict its record holds."""
+    record = json.loads(row["record_json"])
+    verdict = record.get("verdict")
+    if isinstance(verdict, dict) and isinstance(verdict.get("reasons"), list):
+        verdict["reasons"] = coded(verdict["reasons"])
+    return {
+        **row,
+        "reasons_json": json.dumps(coded(json.loads(row["reasons_json"]))),
+        "record_json": json.dumps(record),
+    }

@@ -10,7 +10,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from plotly.subplots import make_subplots
 
 from flagtrial.facts import CAPACITY_LABELS, SettingChange
-from flagtrial.judge import METRICS, Effect
+from flagtrial.guardrails import METRICS
+from flagtrial.judge import Effect
 from flagtrial.ledger import Ledger
 
 PLOTTED = ("output_tok_s", "ttft_p50", "ttft_p99", "itl_p50")

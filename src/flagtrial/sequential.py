@@ -28,9 +28,11 @@ import numpy as np
 
 from flagtrial import stats
 from flagtrial.facts import FactsDiff
-from flagtrial.judge import METRICS, Effect, Verdict, decide, goodput
+from flagtrial.guardrails import MEASURED, METRICS, PRIMARY, Evidence
+from flagtrial.judge import Effect, Verdict, decide, goodput
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
+from flagtrial.reasons import Code, Reason, Value
 from flagtrial.settings import Policy
 
 Arm = Literal["baseline", "candidate"]
@@ -84,9 +86,9 @@ class Continue:
 class Stop:
     """The measurement is over; `verdict()` turns it into KEEP, REVERT or INCONCLUSIVE."""
 
-    why: str
+    why: Reason
     effects: list[Effect]
-    notes: list[str]
+    notes: list[Reason]
     baseline: dict[int, list[RunSummary]]  # clean runs only
     candidate: dict[int, list[RunSummary]]
     installed: Arm  # what the server runs now
@@ -139,7 +141,7 @@ class Sequential:
         self.logs: dict[tuple[int, str], dict[int, list[float]]] = {}
         self.stopped: Stop | None = None
         self.interim: stats.Interval | None = None  # before-after: what ended the B phase
-        self.phase_why = ""
+        self.phase_why: Reason | None = None
         # A guardrail breach read from the server's facts (e.g. capacity) that already fixes
         # the verdict as REVERT: measure only until the effect has an interval to show.
         self.forced: str | None = None
@@ -217,7 +219,7 @@ class Sequential:
             return self._continue(block, f"block {block.index + 1}, run {block.passes + 1}/{k}")
         pairs = self._pairs(self.policy.primary_metric)
         interval = stats.anytime_interval(pairs, self.policy.confidence)
-        stop = self._stop_reason(interval, f"after {len(pairs)} clean pairs")
+        stop = self._stop_reason(interval, {"after": len(pairs), "unit": "clean pairs"})
         if stop:
             return self._stop(stop, installed=block.arm)
         # A block without a clean run at the primary level is measured again, so a
@@ -228,10 +230,15 @@ class Sequential:
         arm = block.arm if again or block.index == 0 else other
         bound = None
         if self._count(arm) + k > self.policy.max_runs:
-            bound = f"bound: {self.policy.max_runs} runs per arm; {self._spent()}"
+            bound = Reason(
+                code=Code.BOUND_RUNS, values={"max_runs": self.policy.max_runs, **self._spent()}
+            )
         # Stop rather than start a pair that cannot finish within the time bound.
         elif self._seconds_left() < (1 if arm == "candidate" else 2) * self._block_s():
-            bound = f"bound: {self.policy.max_seconds:g}s of measurement; {self._spent()}"
+            bound = Reason(
+                code=Code.BOUND_SECONDS,
+                values={"max_seconds": self.policy.max_seconds, **self._spent()},
+            )
         if bound and self._count("candidate") == 0:
             # No bound ends a trial before the candidate ran: its facts and one block of
             # runs are worth the overrun.
@@ -285,7 +292,9 @@ class Sequential:
                 if self._clean("after") >= 2
                 else None
             )
-            stop = self._stop_reason(interval, f"after {self._clean('after')} candidate runs")
+            stop = self._stop_reason(
+                interval, {"after": self._clean("after"), "unit": "candidate runs"}
+            )
             within = (
                 self._count("candidate") < self._looks() - 1
                 and self._seconds_left() >= self._run_s()
@@ -293,14 +302,19 @@ class Sequential:
             if stop is None and within:
                 return self._continue(block, f"candidate, run {block.passes + 1}")
             self.interim = interval
-            self.phase_why = stop or (
-                f"bound: {self._looks() - 1} candidate runs or {p.max_seconds:g}s of "
-                f"measurement; {self._spent()}"
+            self.phase_why = stop or Reason(
+                code=Code.BOUND_BEFORE_AFTER,
+                values={
+                    "candidate_max": self._looks() - 1,
+                    "max_seconds": p.max_seconds,
+                    **self._spent(),
+                },
             )
             new = self._new_block("baseline", "recheck")
             return self._continue(new, "known-good re-check, run 1")
         if self._clean("recheck") < p.recheck_runs and block.passes < 2 * p.recheck_runs:
             return self._continue(block, f"known-good re-check, run {block.passes + 1}")
+        assert self.phase_why is not None  # set when the re-check began
         return self._stop(self.phase_why, installed="baseline")
 
     def _looks(self) -> int:
@@ -349,51 +363,61 @@ class Sequential:
             return stats.anytime_interval(pairs, self.policy.confidence) if pairs else None
         return self._before_after(metric, level, with_recheck=True, looks=self._looks())
 
-    def _stop_reason(self, primary: stats.Interval | None, after: str) -> str | None:
-        """Why to stop now, or None: too busy, a guardrail breached, or the primary decided."""
+    def _stop_reason(
+        self, primary: stats.Interval | None, after: dict[str, Value]
+    ) -> Reason | None:
+        """Why to stop now, or None: too busy, a guardrail breached, or the primary decided.
+        `after`: how many looks the interval rests on, and of what."""
         p = self.policy
         busy = self._busy()
         if busy:
             return busy
-        for level in self.levels:
-            cand = [r.summary for r in self.runs if r.arm == "candidate" and r.level == level]
-            errors = sum(s.n_errors for s in cand)
-            total = sum(s.n_requests for s in cand)
-            if stats.errors_exceed(errors, total, p.error_rate_max, p.confidence):
-                return f"error guardrail: {errors}/{total} candidate requests failed at c={level}"
-        if self.design.kind == "interleaved":
-            ttft = self._interval("ttft_p99", self.level)
-            if ttft is not None and stats.to_pct(ttft.lo) > p.ttft_p99_worse_max_pct:
-                return f"latency guardrail breached {after}"
+        # p99 TTFT's interval only in the interleaved design: before-after's needs the re-check.
+        ttft = self._interval("ttft_p99", self.level) if self.design.kind == "interleaved" else None
+        evidence = Evidence(
+            level=self.level,
+            effects=[] if ttft is None else [self._effect("ttft_p99", self.level, ttft)],
+            baseline=self._clean_runs("baseline"),
+            candidate=self._clean_runs("candidate"),
+        )
+        for rule in MEASURED:
+            breach = next((r for r in rule.check(p, evidence) if r.breach), None)
+            if breach:
+                return Reason(code=rule.stop, values={**breach.values, **after})
         if primary is None:
             return None
         _, lo, hi = primary.pct
         if self.forced and math.isfinite(lo) and math.isfinite(hi):
-            return (
-                f"the verdict is already fixed by the {self.forced}: measured only until the "
-                f"effect had an interval, {after}; {self._spent()}"
+            return Reason(
+                code=Code.STOP_FORCED, values={"forced": self.forced, **after, **self._spent()}
             )
-        found = stats.classify(
-            lo, hi, p.improvement_margin_pct, p.harm_margin_pct, p.equivalence_bounds_pct
-        )
-        if found is None:
+        found = PRIMARY.classify(p, lo, hi)
+        if found == "unresolved":
             return None
-        return f"the interval shows {_SHOWS[found]} {after}; {self._spent()}"
+        return Reason(
+            code=Code.STOP_DECIDED,
+            values={"finding": found, "shows": _SHOWS[found], **after, **self._spent()},
+        )
 
-    def _busy(self) -> str | None:
+    def _busy(self) -> Reason | None:
         measured = [r for r in self.runs if r.level == self.level]
         bad = [r for r in measured if r.disturbed]
         if len(measured) < MIN_RUNS_FOR_BUSY:
             return None
         if len(bad) <= self.policy.disturbed_max_fraction * len(measured):
             return None
-        return (
-            f"machine too busy to measure: {len(bad)} of {len(measured)} runs at "
-            f"c={self.level} disturbed, last: {bad[-1].disturbed}"
+        return Reason(
+            code=Code.BUSY,
+            values={
+                "disturbed": len(bad),
+                "runs": len(measured),
+                "level": self.level,
+                "last": bad[-1].disturbed or "",
+            },
         )
 
-    def _stop(self, why: str, installed: Arm) -> Stop:
-        notes = []
+    def _stop(self, why: Reason, installed: Arm) -> Stop:
+        notes: list[Reason] = []
         effects = []
         for level in self.levels:
             for metric in METRICS:
@@ -404,8 +428,15 @@ class Sequential:
         if self.design.kind == "before-after" and self.interim is not None:
             est, lo, hi = self.interim.pct
             notes.append(
-                f"before the re-check (drift bounded by {self.policy.drift_pct_per_hour:g} %/h): "
-                f"{est:+.1f} % ({lo:+.1f} .. {hi:+.1f} %)"
+                Reason(
+                    code=Code.INTERIM,
+                    values={
+                        "drift_pct_per_hour": self.policy.drift_pct_per_hour,
+                        "pct": est,
+                        "lo_pct": lo,
+                        "hi_pct": hi,
+                    },
+                )
             )
         if self.design.kind == "before-after":
             drift = self._drift_note()
@@ -417,19 +448,30 @@ class Sequential:
             n = len(self._pairs(self.policy.primary_metric))
             alpha = 1 - self.policy.confidence
             least = next(m for m in range(2, 999) if stats.anytime_multiplier(m, alpha) < math.inf)
-            notes.append(f"{n} clean pairs at c={self.level}: an interval needs at least {least}")
+            notes.append(
+                Reason(
+                    code=Code.TOO_FEW_PAIRS,
+                    values={"pairs": n, "level": self.level, "least": least},
+                )
+            )
         bad = [r for r in self.runs if r.disturbed]
         if bad:
+            first = bad[0]
             notes.append(
-                f"{len(bad)} of {len(self.runs)} runs set aside as disturbed, e.g. "
-                f"{bad[0].arm} c={bad[0].level}: {bad[0].disturbed}"
+                Reason(
+                    code=Code.DISTURBED,
+                    values={
+                        "disturbed": len(bad),
+                        "runs": len(self.runs),
+                        "arm": first.arm,
+                        "level": first.level,
+                        "why": first.disturbed or "",
+                    },
+                )
             )
         counted = sum(1 for r in self.runs if r.flagged and not r.disturbed)
         if counted:
-            notes.append(
-                f"{counted} runs had foreign load beyond the limits and were counted anyway "
-                "(set_aside_disturbed = false)"
-            )
+            notes.append(Reason(code=Code.COUNTED_ANYWAY, values={"counted": counted}))
         self.stopped = Stop(
             why=why,
             effects=effects,
@@ -441,16 +483,16 @@ class Sequential:
         )
         return self.stopped
 
-    def _drift_note(self) -> str | None:
+    def _drift_note(self) -> Reason | None:
         metric = self.policy.primary_metric
         before = self._segment("before", metric, self.level)
         recheck = self._segment("recheck", metric, self.level)
         if before is None or recheck is None:
             return None
         minutes = (recheck.at_s - before.at_s) / 60
-        return (
-            f"known-good drift: {stats.to_pct(recheck.mean - before.mean):+.1f} % between "
-            f"before and re-check, {minutes:.1f} min apart; interpolated out of the effect"
+        return Reason(
+            code=Code.DRIFT,
+            values={"pct": stats.to_pct(recheck.mean - before.mean), "minutes": minutes},
         )
 
     def _effect(self, metric: str, level: int, interval: stats.Interval) -> Effect:
@@ -516,8 +558,11 @@ class Sequential:
     def _seconds_left(self) -> float:
         return self.policy.max_seconds - self.clock_s
 
-    def _spent(self) -> str:
-        return (
-            f"{self._count('baseline')}+{self._count('candidate')} runs at c={self.level}, "
-            f"{self.clock_s:.0f}s"
-        )
+    def _spent(self) -> dict[str, Value]:
+        """What the measurement has cost so far, as reasons.STOPS cite it."""
+        return {
+            "baseline_runs": self._count("baseline"),
+            "candidate_runs": self._count("candidate"),
+            "level": self.level,
+            "seconds": self.clock_s,
+        }

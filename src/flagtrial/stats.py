@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats
 
 Finding = Literal["gain", "harm", "equivalent"]
 
@@ -60,19 +59,6 @@ def to_pct(log_ratio: float) -> float:
 
 def to_log(pct: float) -> float:
     return math.log1p(pct / 100.0)
-
-
-def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float) -> Interval:
-    """Log ratio mean(b) / mean(a) of independent log values, Welch t interval."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diff = float(y.mean() - x.mean())
-    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se = math.sqrt(va + vb)
-    if se == 0.0:
-        return Interval(diff, diff, diff, min(len(x), len(y)))
-    df = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
-    return Interval(diff, diff - half, diff + half, min(len(x), len(y)))
 
 
 def anytime_multiplier(n: int, alpha: float, g: float | None = None) -> float:
@@ -176,6 +162,8 @@ def before_after_interval(
     n = min(len(s.logs) for s in segments)
     if dof < 1 or not math.isfinite(v):
         return Interval(est, -math.inf, math.inf, n)
+    from scipy import stats  # about 1 s to import: only once an interval is computed
+
     alpha = (1.0 - confidence) / max(looks, 1)
     half = float(stats.t.ppf(1 - alpha / 2, dof)) * math.sqrt(v) + bias
     return Interval(est, est - half, est + half, n)
@@ -203,10 +191,11 @@ def classify(
     return None
 
 
-def errors_exceed(errors: int, total: int, limit: float, confidence: float) -> bool:
-    """Whether the error rate is above `limit` with confidence (one-sided Clopper-Pearson):
-    with limit 0 a single error is enough."""
+def error_rate_lower(errors: int, total: int, confidence: float) -> float:
+    """The one-sided Clopper-Pearson lower bound of an error rate at `confidence`: above a
+    limit, the rate is shown above it (with limit 0, a single error is enough)."""
     if errors == 0 or total == 0:
-        return False
-    lower = float(stats.beta.ppf(1 - confidence, errors, total - errors + 1))
-    return lower > limit
+        return 0.0
+    from scipy import stats
+
+    return float(stats.beta.ppf(1 - confidence, errors, total - errors + 1))

@@ -32,8 +32,9 @@ from flagtrial.facts import Facts, FactsDiff, diff_facts, request_tokens
 from flagtrial.faults import checkpoint
 from flagtrial.gates import preflight as gating
 from flagtrial.gates.model import GateFinding
+from flagtrial.guardrails import CAPACITY
 from flagtrial.hygiene import disturbed, foreign_load, sample_target
-from flagtrial.judge import Verdict, capacity_breach
+from flagtrial.judge import Verdict
 from flagtrial.launch.change import (
     Change,
     apply_change,
@@ -44,6 +45,7 @@ from flagtrial.launch.change import (
 from flagtrial.launch.spec import LaunchSpec, byte_difference
 from flagtrial.ledger import Generation, Ledger
 from flagtrial.load.runner import run_level
+from flagtrial.reasons import Code, Reason
 from flagtrial.sequential import Arm, Continue, Sequential, choose_design
 from flagtrial.settings import Project
 from flagtrial.targets.base import Target
@@ -279,8 +281,8 @@ class Trial:
         self.change = change
         # deploy even when the engine's source says the change fails at startup here
         self.force = force
-        self.gate_reasons: list[str] = []
-        self.notes: list[str] = []  # added to the verdict's reasons
+        self.gate_reasons: list[Reason] = []
+        self.notes: list[Reason] = []  # added to the verdict's reasons
         self.trial_id = 0
         self.context: dict[str, Any] = {}
         # True once the server is on a judged spec (kept candidate or verified restore):
@@ -351,8 +353,8 @@ class Trial:
                         raise await self._restart_known_good(e) from None
                     if step.arm == "baseline":
                         raise
-                    verdict = Verdict(decision="REVERT", reasons=[str(e)], effects=[])
-                    return await self._finish(verdict)
+                    died = Reason(code=Code.SERVER_DIED, values={"error": str(e)})
+                    return await self._finish(Verdict.revert(died))
                 if seq.design is None:
                     seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
                     s.notify("design", seq.design.why)
@@ -414,27 +416,20 @@ class Trial:
         except ServerNotReadyError as e:
             if arm == "baseline":
                 raise
-            return Verdict(decision="REVERT", reasons=[str(e)], effects=[])
+            return Verdict.revert(Reason(code=Code.CANDIDATE_NOT_READY, values={"error": str(e)}))
         tolerance = s.engine.capacity_tolerance_pct
         if arm == "baseline":
             mismatches = verify_facts(self.facts_before, facts, tolerance)
             self.baseline_facts = facts if not mismatches else None
             if mismatches:
-                return Verdict(
-                    decision="REVERT",
-                    effects=[],
-                    reasons=[
-                        "the known-good restarted with other facts than before, so the "
-                        "comparison is void: " + "; ".join(mismatches)
-                    ],
-                )
+                void = {"mismatches": "; ".join(mismatches)}
+                return Verdict.revert(Reason(code=Code.BASELINE_FACTS_CHANGED, values=void))
             return None
         if self.facts_after is not None:
             mismatches = verify_facts(self.facts_after, facts, tolerance)
             if mismatches:
-                self.notes.append(
-                    "the candidate's facts changed between its restarts: " + "; ".join(mismatches)
-                )
+                changed = {"mismatches": "; ".join(mismatches)}
+                self.notes.append(Reason(code=Code.CANDIDATE_FACTS_CHANGED, values=changed))
             return None
         self.facts_after = facts
         self.diff = diff_facts(self.facts_before, facts, self.named)
@@ -443,13 +438,9 @@ class Trial:
             "; ".join(c.describe() for c in self.diff.capacity),
             record_json={"facts_after": facts.model_dump(), "diff": self.diff.model_dump()},
         )
-        breach = capacity_breach(s.project.policy, self.diff)
+        breach = CAPACITY.breach(s.project.policy, self.diff)
         if breach and s.project.policy.capacity_guard == "revert":
-            return Verdict(
-                decision="REVERT",
-                effects=[],
-                reasons=[breach, "capacity_guard = revert: no load spent on the candidate"],
-            )
+            return Verdict.revert(breach, Reason(code=Code.CAPACITY_GUARD_REVERT))
         if breach:
             seq.forced = "capacity guardrail"
         return None
@@ -529,14 +520,12 @@ class Trial:
         ended on the known-good) or restore the known-good (no restart when the measurement
         ended on it, its facts verified at its last restart)."""
         s = self.s
-        extra = [*self.notes, *self.gate_reasons]
-        if extra:
-            verdict = verdict.model_copy(update={"reasons": [*verdict.reasons, *extra]})
+        verdict = verdict.adding(*self.notes, *self.gate_reasons)
         self._step(
             "judged",
             verdict.decision,
             verdict=verdict.decision,
-            reasons_json=verdict.reasons,
+            reasons_json=_reasons_json(verdict),
             record_json=self._record(verdict),
         )
         keep = verdict.decision == "KEEP" or (
@@ -551,10 +540,8 @@ class Trial:
             mismatches = verify_facts(self.facts_after, facts, s.engine.capacity_tolerance_pct)
             if mismatches:
                 keep = False
-                verdict = verdict.model_copy(update={"reasons": [
-                    "not kept: the candidate restarted with other facts than it was measured "
-                    "with: " + "; ".join(mismatches), *verdict.reasons,
-                ]})  # fmt: skip
+                changed = {"mismatches": "; ".join(mismatches)}
+                verdict = verdict.adding(before=[Reason(code=Code.NOT_KEPT, values=changed)])
         restore = None
         if keep and self.facts_after is not None:
             s.ledger.mark_known_good(self.candidate_gen.id, self.facts_after.model_dump())
@@ -585,6 +572,7 @@ class Trial:
                 "reverted",
                 _restore_detail(restore),
                 finished_at=time.time(),
+                reasons_json=_reasons_json(verdict),
                 record_json={**self._record(verdict), "restore": restore.model_dump()},
             )
             if not restore.verified:
@@ -614,6 +602,11 @@ class Trial:
 
 
 _ARM_NAMES: dict[Arm, str] = {"baseline": "known-good", "candidate": "candidate"}
+
+
+def _reasons_json(verdict: Verdict) -> list[dict[str, Any]]:
+    """The verdict's reasons as the ledger stores them: with their codes and values."""
+    return [r.model_dump(mode="json") for r in verdict.reasons]
 
 
 def _restore_detail(restore: Restore) -> str:

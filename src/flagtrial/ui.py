@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -15,13 +15,17 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from flagtrial.engines.base import PhaseName, StartProgress
-from flagtrial.facts import CAPACITY_LABELS, Facts, FactsDiff, Limit, Rewrite
-from flagtrial.judge import Effect
-from flagtrial.ledger import Event, Generation, TrialRow
+from flagtrial.facts import CAPACITY_LABELS
 from flagtrial.redact import Redactor
-from flagtrial.targets.base import HostFacts
-from flagtrial.trial import Restore, TrialOutcome
+
+# Types only: importing the trial and its engines at start costs every command a second.
+if TYPE_CHECKING:
+    from flagtrial.engines.base import PhaseName, StartProgress
+    from flagtrial.facts import Facts, FactsDiff, Limit, Rewrite
+    from flagtrial.judge import Effect
+    from flagtrial.ledger import Event, Generation, TrialRow
+    from flagtrial.targets.base import HostFacts
+    from flagtrial.trial import Restore, TrialOutcome
 
 # On a terminal, output follows its width; piped output is never wrapped (a width no
 # line reaches), so diff lines and table cells reach the next tool whole.
@@ -223,7 +227,7 @@ def show_outcome(outcome: TrialOutcome) -> None:
             console.print(f"  {secrets.text(line)}")
     if v.effects:
         console.print(effects_table(v.effects))
-    body = "\n".join(f"- {secrets.text(r)}" for r in v.reasons)
+    body = "\n".join(f"- {secrets.text(r.message)}" for r in v.reasons)
     action = (
         f"generation {outcome.candidate_gen} kept as known-good"
         if outcome.outcome == "kept"
@@ -255,7 +259,7 @@ def history_table(trials: list[TrialRow], generations: list[Generation]) -> Tabl
             f"{t.baseline_gen} -> {t.candidate_gen or '-'}",
             t.state,
             t.verdict or "-",
-            (t.reasons[0] if t.reasons else "")[:80],
+            (t.reasons[0].message if t.reasons else "")[:80],
         )
     return table
 

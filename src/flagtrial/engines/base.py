@@ -68,10 +68,6 @@ def phase_entries(phases: Sequence[Phase], log: str) -> list[tuple[PhaseName, st
     return seen
 
 
-def start_phases_seen(phases: Sequence[Phase], log: str) -> list[PhaseName]:
-    return [name for name, _ in phase_entries(phases, log)]
-
-
 class Engine(Protocol):
     name: str
     # How far a restored server's capacity facts may differ from the known-good's and still

@@ -1,4 +1,4 @@
-"""A Python engine's flag table (read from its source by `source_flags`) as a FlagSchema.
+"""A Python engine's flag table (read from its source by `sourceread`) as a FlagSchema.
 
 `EngineSchema` is the FlagSchema that `apply_change` checks edits against, plus what argparse
 itself would say at start: the engine and version in every error, flags an older version had
@@ -16,6 +16,7 @@ from typing import Any
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.schema import FlagDef, FlagSchema
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.sourceread.common import canonical
 
 _HUMAN_INT = re.compile(r"-?\d+(\.\d+)?[kKmMgGtT]?")
 
@@ -34,12 +35,10 @@ def _flag_def(spec: dict[str, Any]) -> FlagDef:
     nargs = spec["nargs"]
     takes_value = nargs != 0
     negative = tuple(spec["negative"])
-    positives = [n for n in spec["names"] if n not in negative]
-    canonical = next((n for n in positives if n.startswith("--")), positives[0])
     choices = spec["choices"]
     return FlagDef(
         names=tuple(spec["names"]),
-        canonical=canonical,
+        canonical=canonical(spec),
         takes_value=takes_value,
         optional_value=nargs in ("?", "*"),
         choices=tuple(str(c) for c in choices) if choices is not None else None,

@@ -1,4 +1,4 @@
-"""An engine's own argument parser, dumped as a flag table (the format of source_flags.py).
+"""An engine's own argument parser, dumped as a flag table (the format of the sourceread package).
 
 flagtrial runs this very file on the engine's host with the engine's interpreter
 (`python -c SOURCE BUILDER`): BUILDER is the engine adapter's code that imports the engine's

@@ -7,8 +7,8 @@ the import fails (a host with the engine's source but not its stack), the versio
 distribution that installed the package stands in.
 On a cache miss the table comes from the engine's own parser where the engine imports
 (`parser_dump.py` runs on the host, building the parser the adapter names: no GPU), else from
-`source_flags.py`, which reads the installed source with `ast`. The static table still gives
-the parser's flags the resolved-settings keys and declaration lines only source can tell.
+the `sourceread` package, which reads the installed source with `ast`. The static table still
+gives the parser's flags the resolved-settings keys and declaration lines only source can tell.
 Tables of older versions seen before stay in the cache; a flag they had and this version
 lacks is reported as removed.
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from flagtrial.engines import parser_dump, source_flags
+from flagtrial import sourceread
+from flagtrial.engines import parser_dump
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.schema_cache import cache_dir
 from flagtrial.errors import SpecError, TargetError
@@ -48,7 +49,7 @@ except Exception as e:
 print("\\nflagtrial-probe " + json.dumps(out))
 """
 _PYTHON = re.compile(r"python[0-9.]*")
-_SOURCE = Path(source_flags.__file__).read_text()
+_SOURCE = sourceread.program()
 _DUMP = Path(parser_dump.__file__).read_text()
 # Tables read by another extractor revision are not reused.
 _REVISION = hashlib.sha256((_SOURCE + _DUMP).encode()).hexdigest()[:12]
@@ -171,7 +172,7 @@ async def parser_table(target: Target, python: str, builder: str) -> dict[str, A
     if table is None:
         return {"error": f"the engine's parser did not build (exit {rc})"}
     if "flags" in table:
-        source_flags.mark_deprecations(table["flags"])
+        sourceread.common.mark_deprecations(table["flags"])
     return table
 
 

@@ -60,7 +60,6 @@ class SglangVersion:
     """What one range of SGLang versions exposes."""
 
     since: str
-    info_paths: tuple[str, ...]  # tried in order; a 404 moves to the next
     server_args_log: re.Pattern[str]  # the resolved-arguments dump at start
     cause: str  # where the resolver behind each resolved value is recorded
 
@@ -71,14 +70,12 @@ _INFO = ("/server_info", "/get_server_info")
 VERSIONS = (
     SglangVersion(
         since="0.5.23",
-        info_paths=_INFO,
         # srt/entrypoints/engine.py:311 `logger.info(f"server_args={...resolved_dict()}")`
         server_args_log=re.compile(r"server_args=(\{.*\})\s*$"),
         cause="declare_resolution sources (srt/arg_groups/*.py)",
     ),
     SglangVersion(
         since="0.0",
-        info_paths=_INFO,
         # 0.5.10 srt/entrypoints/engine.py:181 `logger.info(f"{server_args=}")`: a dataclass repr
         server_args_log=re.compile(r"server_args=(ServerArgs\(.*\))\s*$"),
         cause="",

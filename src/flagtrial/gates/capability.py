@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from flagtrial.gates.flags import UNSET
 from flagtrial.gates.index import SourceIndex, SourceReader
 from flagtrial.gates.model import GateHost
+from flagtrial.sourceread.common import UNSET, absolute
 
 # (role, file index or -1, line, note): a link of the evidence chain, hashable.
 Trace = tuple[str, int, int, str]
@@ -919,14 +919,8 @@ def bind_import(ev: Evaluator, scope: Scope, stmt: ast.Import | ast.ImportFrom) 
             name = alias.asname or alias.name.split(".")[0]
             scope.locals[name] = Val(ModuleRef(alias.name if alias.asname else name))
         return
-    module = stmt.module or ""
-    if stmt.level:
-        info = ev.index.files[scope.fi]
-        base = info.module.split(".")
-        if not info.path.endswith("__init__.py"):
-            base = base[:-1]
-        base = base[: len(base) - (stmt.level - 1)] if stmt.level > 1 else base
-        module = ".".join([*base, stmt.module] if stmt.module else base)
+    info = ev.index.files[scope.fi]
+    module = absolute(info.module, info.path.endswith("__init__.py"), stmt.level, stmt.module)
     for alias in stmt.names:
         if alias.name != "*":
             scope.locals[alias.asname or alias.name] = ev._import(f"{module}:{alias.name}")

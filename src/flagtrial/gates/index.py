@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from flagtrial import sourceread
 from flagtrial.cache import cache_root
-from flagtrial.gates.flags import LAYOUTS, EngineLayout, FlagTable, read_flag_table
 from flagtrial.gates.wheel import file_lock
+from flagtrial.sourceread import LAYOUTS, read_flag_table
+from flagtrial.sourceread.common import EngineLayout, FlagTable, absolute, dotted, module_name
 
 # The cache key changes with the code that builds the index (and reads the flags).
 INDEX_FORMAT = hashlib.sha256(
-    Path(__file__).read_bytes() + (Path(__file__).parent / "flags.py").read_bytes()
+    Path(__file__).read_bytes() + sourceread.program().encode()
 ).hexdigest()[:12]
 
 _ATTR = re.compile(r"\.([A-Za-z_]\w*)|getattr\(\s*[\w.]+\s*,\s*[\"']([A-Za-z_]\w*)[\"']")
@@ -95,30 +97,9 @@ class SourceIndex:
         return None
 
 
-def _module_name(rel: str) -> str:
-    parts = rel[: -len(".py")].split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
-    base = module.split(".")
-    if not is_package:
-        base = base[:-1]
-    if level > 1:
-        base = base[: len(base) - (level - 1)]
-    return ".".join([*base, target] if target else base)
-
-
 def _dotted(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_dotted(node.value)}.{node.attr}"
-    if isinstance(node, ast.Call):
-        return _dotted(node.func)
-    return ""
+    """A name, an attribute chain, or the callee's (`@register("x")`, `Base(...)`)."""
+    return dotted(node.func if isinstance(node, ast.Call) else node)
 
 
 def _last_name(node: ast.expr) -> str:
@@ -129,7 +110,7 @@ class _Scanner:
     """One file: a walk over statements only (expressions are left to the query)."""
 
     def __init__(self, rel: str, is_package: bool) -> None:
-        self.info = FileInfo(path=rel, module=_module_name(rel))
+        self.info = FileInfo(path=rel, module=module_name(rel))
         self.is_package = is_package
         self.plain: list[tuple[int, int]] = []  # module- and class-level statements
 
@@ -219,11 +200,7 @@ class _Scanner:
                     head = alias.name.split(".")[0]
                     self.info.imports.setdefault(head, head)
         elif isinstance(stmt, ast.ImportFrom):
-            module = stmt.module or ""
-            if stmt.level:
-                module = _resolve_relative(
-                    self.info.module, self.is_package, stmt.level, stmt.module
-                )
+            module = absolute(self.info.module, self.is_package, stmt.level, stmt.module)
             for alias in stmt.names:
                 if alias.name == "*":
                     self.info.stars.append(module)
@@ -350,7 +327,7 @@ def _source_files(root: Path, layout: EngineLayout) -> list[tuple[str, str]]:
 def build_index(root: Path, engine: str, version: str, workers: int | None = None) -> SourceIndex:
     """Parse every source file of the engine (in parallel processes) into a SourceIndex."""
     layout = LAYOUTS[engine]
-    table = read_flag_table(root, layout)
+    table = read_flag_table(root, engine)
     fields = frozenset(table.fields)
     jobs = _source_files(root, layout)
     workers = min(workers or os.cpu_count() or 1, 8)

@@ -10,6 +10,7 @@ from flagtrial.gates.model import GateFinding, GateHost, Outcome
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.reasons import Code, Reason
 from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts
 
@@ -45,11 +46,18 @@ def failing(findings: list[GateFinding]) -> list[GateFinding]:
     return [f for f in findings if f.outcome == Outcome.FAILS]
 
 
-def reasons(findings: list[GateFinding]) -> list[str]:
-    """One line per finding that matters to a verdict: a flag that cannot act here."""
+def reasons(findings: list[GateFinding]) -> list[Reason]:
+    """One reason per finding that matters to a verdict: a flag that cannot act here."""
     return [
-        f"source gate: {f.flag}{'' if f.value is None else ' ' + f.value}: {f.outcome.value} "
-        f"({f.reason})"
+        Reason(
+            code=Code.SOURCE_GATE,
+            values={
+                "flag": f.flag,
+                "setting": f.flag if f.value is None else f"{f.flag} {f.value}",
+                "outcome": f.outcome.value,
+                "why": f.reason,
+            },
+        )
         for f in findings
         if f.outcome in (Outcome.NO_OP, Outcome.FAILS)
     ]

@@ -86,18 +86,3 @@ async def run_level(
         )
     max_tokens = workload.max_tokens if workload.ignore_eos else None
     return RunResult(summary=summarize(records, concurrency, max_tokens), records=records)
-
-
-def run_level_sync(
-    base_url: str,
-    workload: Workload,
-    concurrency: int,
-    *,
-    n_requests: int | None = None,
-    warmup: bool = True,
-    seed: int = 0,
-) -> RunResult:
-    """`run_level` for synchronous callers; must not be called from a running event loop."""
-    return asyncio.run(
-        run_level(base_url, workload, concurrency, n_requests=n_requests, warmup=warmup, seed=seed)
-    )

@@ -1,5 +1,5 @@
 """A stand-in's command line, parsed by argparse with the flag table of the engine installed
-for this interpreter (read from its source by `source_flags`, as flagtrial reads it).
+for this interpreter (read from its source by `sourceread`, as flagtrial reads it).
 
 A flag the installed version does not have, a bad value, an ambiguous prefix: argparse prints
 the usage and `error: ...` and exits 2, at start, as the real server would.
@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from flagtrial.engines.flag_table import build_parser
-from flagtrial.engines.source_flags import extract, installed
+from flagtrial.sourceread import extract, installed
 
 
 class EngineArgs:

@@ -44,7 +44,6 @@ class Generator:
         self.delay = token_delay_s
         self.running = 0
         self.waiting = 0
-        self.generated = 0
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -87,7 +86,6 @@ class Generator:
                     await asyncio.sleep(self.delay)
                     finish = "length" if i == tokens - 1 else None
                     chunk = self._chunk(rid, chat, f" t{i}", finish)
-                    self.generated += 1
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
             finally:
                 self.running -= 1

@@ -7,7 +7,6 @@ from pathlib import Path
 from flagtrial.settings import Project
 from flagtrial.targets.base import Target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.targets.ssh import SshTarget
 from flagtrial.targets.systemd import SystemdTarget
 
 
@@ -17,6 +16,9 @@ def make_target(project: Project, *, accept_new_host_key: bool = False) -> Targe
     restart_timeout_s = project.ready_timeout_s
     if project.target == "local":
         return SystemdTarget(project.unit, project.spec_path, restart_timeout_s=restart_timeout_s)
+    # asyncssh costs a start that only an ssh target needs.
+    from flagtrial.targets.ssh import SshTarget
+
     ssh = project.ssh
 
     def local(path: str | None) -> Path | None:

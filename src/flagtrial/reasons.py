@@ -1,0 +1,185 @@
+"""Typed reasons: what a rule found, as a code and the values it read; the message people read
+is rendered from them.
+
+Every reason a verdict, a stopped measurement or an early REVERT gives is a Reason, built by
+the rule that found it (flagtrial.guardrails, flagtrial.sequential, flagtrial.trial). The
+ledger stores reasons with their codes, so tools and tests read codes and numbers, not prose.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field, computed_field
+
+Value = int | float | str
+
+
+class Code(StrEnum):
+    # the primary metric: what its interval shows, and the verdict it leads to
+    GAIN = "gain"
+    HARM = "harm"
+    EQUIVALENT = "equivalent"
+    UNRESOLVED = "unresolved"
+    NO_INTERVAL = "no-interval"
+    GAIN_WITH_COST = "gain-with-cost"
+    COST_WITHOUT_GAIN = "cost-without-gain"
+    NO_BREACH = "no-breach"
+    # guardrail breaches (BREACHES), and what a guardrail saw without a breach
+    CAPACITY = "capacity"
+    LATENCY = "latency"
+    ERRORS = "errors"
+    ERRORS_UNPROVEN = "errors-unproven"
+    # why the measurement stopped (STOPS)
+    STOP_ERRORS = "stop-errors"
+    STOP_LATENCY = "stop-latency"
+    STOP_DECIDED = "stop-decided"
+    STOP_FORCED = "stop-forced"
+    BUSY = "busy"
+    BOUND_RUNS = "bound-runs"
+    BOUND_SECONDS = "bound-seconds"
+    BOUND_BEFORE_AFTER = "bound-before-after"
+    # notes on the measurement and the facts
+    INTERIM = "interim"
+    DRIFT = "drift"
+    TOO_FEW_PAIRS = "too-few-pairs"
+    DISTURBED = "disturbed"
+    COUNTED_ANYWAY = "counted-anyway"
+    IMPLICIT_CHANGE = "implicit-change"
+    SHORT_OUTPUTS = "short-outputs"
+    # the trial's own: early REVERTs and what it saw while switching arms
+    CANDIDATE_NOT_READY = "candidate-not-ready"
+    SERVER_DIED = "server-died"
+    BASELINE_FACTS_CHANGED = "baseline-facts-changed"
+    CAPACITY_GUARD_REVERT = "capacity-guard-revert"
+    CANDIDATE_FACTS_CHANGED = "candidate-facts-changed"
+    NOT_KEPT = "not-kept"
+    SOURCE_GATE = "source-gate"
+    # a reason recorded as plain text, before reasons had codes (ledger schema 3 and older)
+    TEXT = "text"
+
+
+BREACHES = frozenset({Code.CAPACITY, Code.LATENCY, Code.ERRORS})
+STOPS = frozenset(
+    {
+        Code.STOP_ERRORS,
+        Code.STOP_LATENCY,
+        Code.STOP_DECIDED,
+        Code.STOP_FORCED,
+        Code.BUSY,
+        Code.BOUND_RUNS,
+        Code.BOUND_SECONDS,
+        Code.BOUND_BEFORE_AFTER,
+    }
+)
+
+# An effect's values (flagtrial.judge.Effect.values) as people read them.
+EFFECT = (
+    "{label} at c={concurrency}: {baseline:.4g} -> {candidate:.4g} "
+    "({pct:+.1f} %, {lo_pct:+.1f} .. {hi_pct:+.1f} %)"
+)
+_SPENT = "{baseline_runs}+{candidate_runs} runs at c={level}, {seconds:.0f}s"
+_AFTER = "after {after} {unit}"
+MESSAGES: dict[Code, str] = {
+    Code.GAIN: f"real improvement: {EFFECT}, the whole interval above +{{margin:g}} %",
+    Code.HARM: f"harmful: {EFFECT}, the whole interval below -{{margin:g}} %",
+    Code.EQUIVALENT: (
+        f"no effect beyond the margins (the whole interval inside +-{{margin:g}} %): {EFFECT}"
+    ),
+    Code.UNRESOLVED: f"the interval is too wide to tell: {EFFECT}",
+    Code.NO_INTERVAL: (
+        "no interval for {label} at c={level}: {baseline_runs} known-good and "
+        "{candidate_runs} candidate clean runs"
+    ),
+    Code.GAIN_WITH_COST: f"a gain that breaks a guardrail: {EFFECT}",
+    Code.COST_WITHOUT_GAIN: f"no real gain, but a cost: {EFFECT}",
+    Code.NO_BREACH: "no guardrail breached",
+    Code.CAPACITY: "capacity loss: {change}, beyond the {limit:g} % guardrail",
+    Code.LATENCY: f"latency guardrail: {EFFECT}, worse than +{{limit:g}} %",
+    Code.ERRORS: (
+        "errors at c={level}: {errors}/{total} requests failed ({rate:.1%}), guardrail {limit:.1%}"
+    ),
+    Code.ERRORS_UNPROVEN: (
+        "errors at c={level}: {errors}/{total} requests failed ({rate:.1%}), above the "
+        "{limit:.1%} guardrail but not with {confidence:.0%} confidence (at least {lower:.1%})"
+    ),
+    Code.STOP_ERRORS: "error guardrail: {errors}/{total} candidate requests failed at c={level}",
+    Code.STOP_LATENCY: f"latency guardrail breached {_AFTER}",
+    Code.STOP_DECIDED: f"the interval shows {{shows}} {_AFTER}; {_SPENT}",
+    Code.STOP_FORCED: (
+        "the verdict is already fixed by the {forced}: measured only until the effect had an "
+        f"interval, {_AFTER}; {_SPENT}"
+    ),
+    Code.BUSY: (
+        "machine too busy to measure: {disturbed} of {runs} runs at c={level} disturbed, "
+        "last: {last}"
+    ),
+    Code.BOUND_RUNS: f"bound: {{max_runs}} runs per arm; {_SPENT}",
+    Code.BOUND_SECONDS: f"bound: {{max_seconds:g}}s of measurement; {_SPENT}",
+    Code.BOUND_BEFORE_AFTER: (
+        f"bound: {{candidate_max}} candidate runs or {{max_seconds:g}}s of measurement; {_SPENT}"
+    ),
+    Code.INTERIM: (
+        "before the re-check (drift bounded by {drift_pct_per_hour:g} %/h): "
+        "{pct:+.1f} % ({lo_pct:+.1f} .. {hi_pct:+.1f} %)"
+    ),
+    Code.DRIFT: (
+        "known-good drift: {pct:+.1f} % between before and re-check, {minutes:.1f} min apart; "
+        "interpolated out of the effect"
+    ),
+    Code.TOO_FEW_PAIRS: "{pairs} clean pairs at c={level}: an interval needs at least {least}",
+    Code.DISTURBED: (
+        "{disturbed} of {runs} runs set aside as disturbed, e.g. {arm} c={level}: {why}"
+    ),
+    Code.COUNTED_ANYWAY: (
+        "{counted} runs had foreign load beyond the limits and were counted anyway "
+        "(set_aside_disturbed = false)"
+    ),
+    Code.IMPLICIT_CHANGE: "implicit change (not named by the change): {change}",
+    Code.SHORT_OUTPUTS: (
+        "warning: {count} {arm} requests returned fewer tokens than max_tokens (the server cut "
+        "them, e.g. a full slot context): throughput compares unequal work"
+    ),
+    Code.CANDIDATE_NOT_READY: "{error}",
+    Code.SERVER_DIED: "{error}",
+    Code.BASELINE_FACTS_CHANGED: (
+        "the known-good restarted with other facts than before, so the comparison is void: "
+        "{mismatches}"
+    ),
+    Code.CAPACITY_GUARD_REVERT: "capacity_guard = revert: no load spent on the candidate",
+    Code.CANDIDATE_FACTS_CHANGED: (
+        "the candidate's facts changed between its restarts: {mismatches}"
+    ),
+    Code.NOT_KEPT: (
+        "not kept: the candidate restarted with other facts than it was measured with: {mismatches}"
+    ),
+    Code.SOURCE_GATE: "source gate: {setting}: {outcome} ({why})",
+    Code.TEXT: "{text}",
+}
+
+
+class Reason(BaseModel):
+    """A code, the values the rule read, and (rendered from them) the message."""
+
+    code: Code
+    values: dict[str, Value] = Field(default_factory=dict)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def message(self) -> str:
+        return MESSAGES[self.code].format_map(self.values)
+
+    @property
+    def breach(self) -> bool:
+        """Whether this is a guardrail breach: a cost that reverts any verdict."""
+        return self.code in BREACHES
+
+
+def coded(reasons: list[Any]) -> list[dict[str, Any]]:
+    """Reasons as the ledger stores them: one recorded as plain text (schema 3 and older)
+    becomes a TEXT reason with its words; one with a code stays as it is."""
+    return [
+        Reason(code=Code.TEXT, values={"text": r}).model_dump() if isinstance(r, str) else r
+        for r in reasons
+    ]
