@@ -136,6 +136,7 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> 
     engines/resolve.py and gates/preflight.combine)."""
     try:
         from flagtrial.engines.resolve import resolve_command  # type: ignore[attr-defined]
+
         from flagtrial.gates.preflight import combine  # type: ignore[attr-defined]
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
