@@ -132,21 +132,24 @@ def analyze(case: dict[str, Any], model: dict[str, Any] | None, current_api: boo
 
 
 def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> Any:
-    """Static + the engine's own resolution of known-good and candidate (contract:
-    engines/resolve.py and gates/preflight.combine)."""
+    """Static + the engine's own resolution of known-good and candidate, run here in the
+    engine's installed venv with the case's GPU facts declared (helper "resolve":
+    engines/resolve.py `resolve_local`, gates/preflight.py `combine`)."""
     try:
-        from flagtrial.engines.resolve import resolve_command  # type: ignore[attr-defined]
-
-        from flagtrial.gates.preflight import combine  # type: ignore[attr-defined]
+        from flagtrial.engines.resolve import ResolveFacts, resolve_local  # noqa: I001
+        from flagtrial.gates.preflight import combine
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
+    from flagtrial.cache import sglang_python, vllm_python
 
+    python = sglang_python() if case["engine"] == "sglang" else vllm_python()
     edit = case["edit"]
     argv = [str(model_dir) if w == "MODEL" else w for w in case["command"]]
-    known_good = without_edit(argv, edit["flag"], edit["value"])
-    host = gate_host(case["host"], full=True)
-    good = resolve_command(case["engine"], case["version"], known_good, host)
-    candidate = resolve_command(case["engine"], case["version"], argv, host)
+    facts = ResolveFacts.from_gate_host(gate_host(case["host"], full=True))
+    good = resolve_local(
+        python, case["engine"], without_edit(argv, edit["flag"], edit["value"]), facts
+    )
+    candidate = resolve_local(python, case["engine"], argv, facts)
     return combine([finding], good, candidate)[0]
 
 
