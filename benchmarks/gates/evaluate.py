@@ -104,14 +104,22 @@ def gate_host(h: dict[str, Any], full: bool) -> Any:
     return GateHost(**fields)
 
 
-def analyze(case: dict[str, Any], model: dict[str, Any] | None, current_api: bool) -> Any:
-    """One GateFinding for the case's edit, through the contract's API (or, with
-    `current_api`, through today's `analyze_change` given only what it takes)."""
+def contract_api() -> bool:
+    """Whether the analysis API of the contract is there (analyze_change takes command= and
+    model=, GateHost has gfx)."""
     from flagtrial.gates.analyze import analyze_change
     from flagtrial.gates.model import GateHost
 
     params = inspect.signature(analyze_change).parameters
-    full = "command" in params and "model" in params and "gfx" in GateHost.model_fields
+    return "command" in params and "model" in params and "gfx" in GateHost.model_fields
+
+
+def analyze(case: dict[str, Any], model: dict[str, Any] | None, current_api: bool) -> Any:
+    """One GateFinding for the case's edit, through the contract's API (or, with
+    `current_api`, through today's `analyze_change` given only what it takes)."""
+    from flagtrial.gates.analyze import analyze_change
+
+    full = contract_api()
     if not full and not current_api:
         raise ApiMissing(
             "flagtrial.gates.analyze.analyze_change does not take command=/model= yet, or "
@@ -145,7 +153,7 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> 
     python = sglang_python() if case["engine"] == "sglang" else vllm_python()
     edit = case["edit"]
     argv = [str(model_dir) if w == "MODEL" else w for w in case["command"]]
-    facts = ResolveFacts.from_gate_host(gate_host(case["host"], full=True))
+    facts = ResolveFacts.from_gate_host(gate_host(case["host"], contract_api()))
     good = resolve_local(
         python, case["engine"], without_edit(argv, edit["flag"], edit["value"]), facts
     )
@@ -209,13 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         help="also score static + the engine's own resolution where installed here",
     )
     ap.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only this case (repeatable, for debugging; results file not written)",
+    )
+    ap.add_argument(
         "--current-api",
         action="store_true",
         help="call today's analyze_change with only what it takes",
     )
     args = ap.parse_args(argv)
 
-    cases = load_cases(args.split)
+    cases = [c for c in load_cases(args.split) if not args.case or c["id"] in args.case]
     models = load_models()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ft-corpus-models-") as tmp:
@@ -257,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         report["combined"] = score(rows, "combined")
         out.append(render(f"{args.split}: static + resolution", report["combined"]))
     report["cases"] = rows
-    (HERE / f"results-{args.split}.json").write_text(json.dumps(report, indent=1) + "\n")
+    if not args.case:  # a debugging subset leaves the recorded figures alone
+        (HERE / f"results-{args.split}.json").write_text(json.dumps(report, indent=1) + "\n")
     print("\n\n".join(out))
     return 0
 
