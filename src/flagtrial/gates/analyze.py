@@ -31,8 +31,9 @@ from flagtrial.errors import FlagtrialError
 from flagtrial.gates.capability import UNKNOWN, Evaluator, FieldBinding, Trace, Val
 from flagtrial.gates.flags import LAYOUTS, UNSET, FieldDef, FlagDef
 from flagtrial.gates.index import SourceIndex, SourceReader, load_index
-from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
+from flagtrial.gates.platforms import foreign_module
 from flagtrial.gates.wheel import engine_source
 from flagtrial.targets.base import HostFacts
 
@@ -73,11 +74,15 @@ def analyze_change(
     tp: int = 1,
     *,
     source: Path | None = None,
+    command: list[str] | None = None,
+    model: dict[str, Any] | None = None,
 ) -> list[GateFinding]:
     """One finding per edit `(flag, value)`; value None for a switch. `flag` may be any
     alias or unambiguous prefix, or `--flag=value` with value None.
 
     `host`: a GateHost, or a target's HostFacts (nvidia-smi: CUDA, version not known).
+    `command`: the whole candidate argv (flags only): the other flags' values are known to
+    every guard. `model`: the model's config.json (MLA, MoE, a quantized checkpoint).
     Thread-safe and silent: the trial runs it with `asyncio.to_thread` while the server
     restarts. The first call for a version downloads its wheel and indexes it (seconds);
     later calls read the cached index.
@@ -90,8 +95,36 @@ def analyze_change(
     for flag, value in edits:
         if value is None and "=" in flag:
             flag, value = flag.split("=", 1)
-        findings.append(_Analysis(index, reader, host, tp, flag, value).run())
+        others = _command_values(index, command or [], flag)
+        facts = ModelFacts.of(model) if model is not None else None
+        findings.append(_Analysis(index, reader, host, tp, flag, value, others, facts).run())
     return findings
+
+
+def _command_values(index: SourceIndex, argv: list[str], edited: str) -> dict[str, Any]:
+    """field -> value for every flag of the command except the edited one (argparse's
+    reading: `--x=v`, `--x v`, a switch alone)."""
+    table = index.table
+    target = table.lookup(edited.split("=", 1)[0])
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if not word.startswith("--"):
+            continue
+        name, eq, inline = word.partition("=")
+        flag = table.lookup(name)
+        if flag is None or "." in name:
+            continue
+        raw: str | None = inline if eq else None
+        if flag.action == "value" and not eq and i < len(argv) and not argv[i].startswith("--"):
+            raw = argv[i]
+            i += 1
+        if target is not None and flag.dest == target.dest:
+            continue
+        values[flag.dest] = _flag_value(flag, name, raw, table.field(flag.dest))
+    return values
 
 
 # ------------------------------------------------------------------ values
@@ -147,7 +180,9 @@ def _snake(name: str) -> str:
 @dataclass
 class _Effect:
     site: ReadSite
-    status: str  # "alive", "hw" (ruled out by the host), "value" (no difference for this value)
+    # "alive", "hw" (ruled out by the host), "foreign" (code of another platform), "value"
+    # (no difference for this value)
+    status: str
     deciding: Val | None = None
     guard: Guard | None = None
 
@@ -160,6 +195,8 @@ class _Analysis:
     tp: int
     flag_name: str
     raw_value: str | None
+    others: dict[str, Any] = field(default_factory=dict)  # the command's other flags
+    model: ModelFacts | None = None
     new: dict[str, FieldBinding] = field(default_factory=dict)
     old: dict[str, FieldBinding] = field(default_factory=dict)
     evidence: list[Evidence] = field(default_factory=list)
@@ -215,10 +252,11 @@ class _Analysis:
             owner = flag.config_owner
             cdef = table.field(flag.config_field, owner)
             self._set(flag.config_field, value, cdef, _snake(owner) if owner else None)
-        for tp_field in self.index.layout.tp_fields:
-            if tp_field not in self.new:
-                self.new[tp_field] = self.old[tp_field] = FieldBinding(self.tp)
-                self.facts.add(tp_field)
+        known = {t: self.tp for t in self.index.layout.tp_fields} | self.others
+        for name, val in known.items():
+            if name not in self.new:
+                self.new[name] = self.old[name] = FieldBinding(val)
+                self.facts.add(name)
 
     def _set(self, name: str, value: Any, fdef: FieldDef | None, receiver: str | None) -> None:
         self.new[name] = FieldBinding(value, receiver)
@@ -275,8 +313,15 @@ class _Analysis:
                 units[(fi, start, end)] = None
                 lines.add((fi, line))
         walker = Walker(ev_new, ev_old, self.edited, lines)
-        self.skipped = max(0, len(units) - MAX_UNITS)
-        for fi, start, end in list(units)[:MAX_UNITS]:
+        # Argument resolution first and always whole: a startup failure there is never
+        # among the functions left unwalked; elsewhere code on this platform comes first.
+        ranked = sorted(
+            units, key=lambda u: (not self._startup_file(u[0]), self._foreign(u[0]) is not None)
+        )
+        startup = sum(1 for u in ranked if self._startup_file(u[0]))
+        limit = max(MAX_UNITS, startup)
+        self.skipped = max(0, len(ranked) - limit)
+        for fi, start, end in ranked[:limit]:
             stmts = self.reader.unit(fi, start, end)
             walker.walk_unit(fi, stmts, runs_at_startup=self._runs_at_startup(fi, stmts))
         for fi, ni, guard in self._dispatched(ev_new, ev_old):
@@ -285,12 +330,18 @@ class _Analysis:
             walker.walk_unit(fi, stmts, (guard,), runs_at_startup=True)
         return walker
 
+    def _startup_file(self, fi: int) -> bool:
+        path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
+        return path.startswith(self.index.layout.startup_paths)
+
+    def _foreign(self, fi: int) -> str | None:
+        return foreign_module(self.index, self.reader, fi, self.host)
+
     def _runs_at_startup(self, fi: int, stmts: list[ast.stmt]) -> bool:
         """Argument resolution runs at every launch; so does the function that resolves a
         field (`resolve_flashinfer_allreduce_fusion_backend`) once the field is set. Other
         code (a kernel's constructor, a model's layer) runs only where it is selected."""
-        path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
-        if path.startswith(self.index.layout.startup_paths):
+        if self._startup_file(fi):
             return True
         node = stmts[0] if len(stmts) == 1 else None
         name = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else ""
@@ -324,6 +375,10 @@ class _Analysis:
     def _mappings(self, walker: Walker) -> dict[str, tuple[Val, ReadSite]]:
         derived: dict[str, tuple[Val, ReadSite]] = {}
         for site in walker.reads:
+            # Only argument resolution maps one setting to another: elsewhere `dtype=x.f`
+            # passes a value to a kernel, not to the `dtype` setting.
+            if not site.runs_at_startup:
+                continue
             kind, writes = self._consumer(site)
             if kind != "mapping":
                 continue
@@ -456,6 +511,9 @@ class _Analysis:
         return effects
 
     def _effect(self, site: ReadSite) -> _Effect:
+        foreign = self._foreign(site.fi)
+        if foreign is not None:
+            return _Effect(site, "foreign", Val(False, True, (("note", -1, 0, foreign),)))
         for guard in site.guards:
             if guard.holds_new is False:
                 return _Effect(site, "hw" if guard.new.hw else "value", guard.new, guard)
@@ -501,13 +559,17 @@ class _Analysis:
             )
         effects = self._effects(walker)
         alive = [e for e in effects if e.status == "alive"]
-        blocked = [e for e in effects if e.status == "hw"]
+        blocked = [e for e in effects if e.status in ("hw", "foreign")]
         if alive or self.selected:
             # Reads behind a host-dependent guard that holds (or may) say most about the GPU.
+            # Reads every guard of which holds come first (they are shown to run), then
+            # those in the code that serves, not in argument resolution.
             alive.sort(
                 key=lambda e: (
+                    not _shown(e.site),
+                    e.site.runs_at_startup,
                     not any(g.new.hw for g in e.site.guards)
-                    and not (e.site.ctx is not None and e.site.ctx.new.hw)
+                    and not (e.site.ctx is not None and e.site.ctx.new.hw),
                 )
             )
             for effect in alive[:MAX_SHOWN]:
@@ -608,9 +670,14 @@ class _Analysis:
         status = {
             "alive": "acts on this host",
             "hw": "ruled out on this host",
+            "foreign": "ruled out on this host",
             "value": "no difference",
         }[effect.status]
         self._add("read", site.fi, site.node.lineno, f"reads {site.field}: {status}")
+        if effect.status == "foreign" and effect.deciding is not None:
+            for trace in effect.deciding.traces:
+                self._trace(trace)
+            return
         if effect.guard is not None:
             self._guard_evidence(effect.guard)
         elif effect.deciding is not None and site.context is not None:
@@ -670,6 +737,12 @@ class _Analysis:
             reason=reason,
             evidence=self.evidence,
         )
+
+
+def _shown(site: ReadSite) -> bool:
+    """Every guard of the read holds with the edit on this host: it runs whenever its
+    function does."""
+    return all_hold(g.holds_new for g in site.guards) is True
 
 
 def _writes(node: ast.AST, name: str) -> bool:

@@ -91,6 +91,23 @@ class Builtin:
 
 
 @dataclass(frozen=True)
+class DeviceProps:
+    """torch.cuda.get_device_properties(i): the facts the host gives, the rest unknown."""
+
+    host: GateHost
+
+    def attr(self, name: str) -> Any:
+        cap = self.host.capability
+        if name in ("major", "minor") and cap:
+            return cap[0] if name == "major" else cap[1]
+        if name == "gcnArchName":
+            return (self.host.gfx or UNKNOWN) if self.host.platform == "rocm" else ""
+        if name == "name":
+            return self.host.gpu_name or UNKNOWN
+        return UNKNOWN
+
+
+@dataclass(frozen=True)
 class Val:
     value: Any
     hw: bool = False
@@ -170,6 +187,10 @@ _BINOP: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Div: operator.truediv,
 }
 _STR_METHODS = {"split", "startswith", "endswith", "lower", "upper", "strip", "get", "index"}
+# vLLM reads the gfx architecture through amdsmi first: a probe of the host's fact.
+_GCN_ARCH_PROBES = {"_get_gcn_arch", "_query_gcn_arch_from_amdsmi", "get_gcn_arch"}
+# Runtimes the engine layout does not bind a platform class for.
+_EXTRA_PLATFORMS = {"cpu": "vllm.platforms.cpu:CpuPlatform"}
 _MAX_LINES = 120  # longer functions are not capability probes: not interpreted
 _PLAIN = (bool, int, float, str, type(None), tuple, Capability, frozenset)
 
@@ -246,42 +267,48 @@ class Evaluator:
         return Val(value, True, (("fact", -1, 0, note),))
 
     def _cap_note(self) -> str:
-        return "host compute capability " + (
-            "{}.{}".format(*self.host.compute_cap) if self.host.compute_cap else "unknown"
-        )
+        cap = self.host.capability
+        return "host compute capability " + ("{}.{}".format(*cap) if cap else "unknown")
 
     def _primitive_call(self, node: ast.Call, scope: Scope) -> Val | None:
         func = node.func
         last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        host = self.host
+        if last in ("get_device_capability", "get_device_sm") and host.gpu_count == 0:
+            return self._fact(None, "host has no GPU")
         if last == "get_device_capability":
-            cap = self.host.compute_cap
-            if self.host.gpu_count == 0:
-                return self._fact(None, "host has no GPU")
+            cap = host.capability
             return self._fact(Capability(cap) if cap else UNKNOWN, self._cap_note())
         if last == "get_device_sm":
-            cap = self.host.compute_cap
+            cap = host.capability
             return self._fact(cap[0] * 10 + cap[1] if cap else UNKNOWN, self._cap_note())
         dotted = self._external_name(func, scope)
         if dotted == "torch.cuda.is_available":
-            return self._fact(self.host.gpu_count > 0, f"host has {self.host.gpu_count} GPU(s)")
+            return self._fact(host.gpu_count > 0, f"host has {host.gpu_count} GPU(s)")
         if dotted == "torch.cuda.device_count":
-            return self._fact(self.host.gpu_count, f"host has {self.host.gpu_count} GPU(s)")
+            return self._fact(host.gpu_count, f"host has {host.gpu_count} GPU(s)")
         if dotted == "torch.cuda.get_device_name":
-            return self._fact(self.host.gpu_name or UNKNOWN, "host GPU name")
+            return self._fact(host.gpu_name or UNKNOWN, "host GPU name")
+        if last in _GCN_ARCH_PROBES and host.platform == "rocm":
+            return self._fact(host.gfx or UNKNOWN, "host gfx architecture")
+        if dotted == "torch.cuda.get_device_properties":
+            return self._fact(DeviceProps(host), "host GPU properties")
         return None
 
     def _primitive_attr(self, dotted: str) -> Val | None:
         host = self.host
         if dotted == "torch.version.cuda":
             if host.platform != "cuda":
-                return self._fact(None, "host runtime is ROCm")
+                return self._fact(None, f"host runtime is {host.platform}")
             if host.cuda_version is None:
                 return self._fact(NOT_NONE, "host CUDA version not given")
             return self._fact("{}.{}".format(*host.cuda_version), "host CUDA version")
         if dotted == "torch.version.hip":
-            return self._fact(
-                NOT_NONE if host.platform == "rocm" else None, f"host runtime is {host.platform}"
-            )
+            if host.platform != "rocm":
+                return self._fact(None, f"host runtime is {host.platform}")
+            if host.rocm_version is None:
+                return self._fact(NOT_NONE, "host runtime is ROCm")
+            return self._fact("{}.{}".format(*host.rocm_version), "host ROCm version")
         if dotted in ("torch.version.musa", "torch.version.xpu"):
             return self._fact(None, f"host runtime is {host.platform}")
         return None
@@ -348,8 +375,8 @@ class Evaluator:
         """vLLM's `current_platform` is chosen at run time by plugin discovery: bind it to
         the class the host's runtime selects (`CudaPlatform` on CUDA)."""
         module, classes = self.index.layout.platform_objects[name]
-        qual = classes.get(self.host.platform)
-        if qual is None:
+        qual = classes.get(self.host.platform) or _EXTRA_PLATFORMS.get(self.host.platform)
+        if qual is None or not qual.startswith(module):
             return Val(UNKNOWN)
         mod, cls = qual.split(":")
         fi = self.index.modules.get(mod)
@@ -504,6 +531,8 @@ class Evaluator:
             else:
                 val = self.class_attr(obj.cls if isinstance(obj, Instance) else obj, attr, obj)
             return _derived(val.value, base, val)
+        if isinstance(obj, DeviceProps):
+            return _derived(obj.attr(attr), base)
         if isinstance(obj, Capability) and attr in ("major", "minor"):
             return _derived(obj[0] if attr == "major" else obj[1], base)
         if isinstance(obj, Capability) and attr == "to_int":
@@ -613,7 +642,38 @@ class Evaluator:
                 return self.call(node, scope)
             case ast.JoinedStr():
                 return Val(NOT_NONE)
+            case ast.GeneratorExp() | ast.ListComp() | ast.SetComp():
+                return self.comprehension(node, scope)
         return Val(UNKNOWN)
+
+    def comprehension(
+        self, node: ast.GeneratorExp | ast.ListComp | ast.SetComp, scope: Scope
+    ) -> Val:
+        """`any(g in arch for g in ["gfx95"])`: one `for` over a known sequence, every item
+        known, else UNKNOWN (a partly known list would mislead any()/all())."""
+        if len(node.generators) != 1 or not isinstance(node.generators[0].target, ast.Name):
+            return Val(UNKNOWN)
+        gen = node.generators[0]
+        assert isinstance(gen.target, ast.Name)
+        seq = self.expr(gen.iter, scope)
+        if not isinstance(seq.value, tuple | frozenset | str) or len(seq.value) > 64:
+            return _derived(UNKNOWN, seq)
+        inner = scope.snapshot()
+        items, vals = [], [seq]
+        for item in seq.value:
+            inner.locals[gen.target.id] = Val(item)
+            conds = [self.expr(c, inner) for c in gen.ifs]
+            vals += conds
+            if any(c.truth() is None for c in conds):
+                return _derived(UNKNOWN, *vals)
+            if all(c.truth() for c in conds):
+                val = self.expr(node.elt, inner)
+                vals.append(val)
+                if not val.known:
+                    return _derived(UNKNOWN, *vals)
+                items.append(val.value)
+        result = frozenset(items) if isinstance(node, ast.SetComp) else tuple(items)
+        return _derived(result, *vals)
 
     def boolop(self, is_and: bool, values: list[ast.expr], scope: Scope) -> Val:
         """Three-valued `and`/`or`; a decided result carries only what decided it."""
