@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from flagtrial.errors import FlagtrialError
-from flagtrial.gates.capability import UNKNOWN, Evaluator, FieldBinding, Trace, Val
+from flagtrial.gates.capability import (
+    UNKNOWN,
+    Evaluator,
+    FieldBinding,
+    Scope,
+    Trace,
+    Val,
+    assign,
+)
 from flagtrial.gates.flags import LAYOUTS, UNSET, FieldDef, FlagDef
 from flagtrial.gates.index import SourceIndex, SourceReader, load_index
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
@@ -203,6 +211,7 @@ class _Analysis:
     facts: set[str] = field(default_factory=set)  # fields known from the host, not edited
     skipped: int = 0  # functions mentioning a field that were not walked (MAX_UNITS)
     selected: dict[str, None] = field(default_factory=dict)  # functions the value selects
+    dest: str = ""  # the field the flag sets
 
     # ---------------------------------------------------------- setup
 
@@ -246,6 +255,7 @@ class _Analysis:
             )
         )
         self._set(dest, value, fdef, receiver)
+        self.dest = dest
         if not keys and flag.config_field and flag.config_field != flag.dest:
             # vLLM: `--attention-backend` lands in `AttentionConfig.backend`, read through
             # an `attention_config` object.
@@ -304,8 +314,8 @@ class _Analysis:
         return walker
 
     def _walk(self) -> Walker:
-        ev_new = Evaluator(self.index, self.reader, self.host, self.new)
-        ev_old = Evaluator(self.index, self.reader, self.host, self.old)
+        ev_new = Evaluator(self.index, self.reader, self.host, self.new, model=self.model)
+        ev_old = Evaluator(self.index, self.reader, self.host, self.old, model=self.model)
         units: dict[tuple[int, int, int], None] = {}
         lines: set[tuple[int, int]] = set()
         for name in sorted(self.edited):
@@ -490,7 +500,7 @@ class _Analysis:
         kinds = {self._statement_kind(s, writes) for s in stmt.body}
         if "effect" in kinds or "raise" in kinds or site.field not in writes:
             return False
-        value = Evaluator(self.index, self.reader, self.host, self.new).expr(
+        value = Evaluator(self.index, self.reader, self.host, self.new, model=self.model).expr(
             writes[site.field], site.scope_new
         )
         if not value.known:
@@ -557,6 +567,18 @@ class _Analysis:
                 Outcome.NO_OP,
                 f"{self._where(reset)} turns {reset.field} off again on this host",
             )
+        choice = self._platform_choice(walker)
+        if choice is not None:
+            site, value = choice
+            self._add("read", site.fi, site.node.lineno, f"reads {site.field}")
+            self._add("gate", site.fi, site.stmt.lineno, "the platform's choice when not given")
+            for trace in value.traces:
+                self._trace(trace)
+            return self._finding(
+                Outcome.NO_OP,
+                f"{self._where(site)}: without the flag this host gets {site.field}="
+                f"{value.value!r} anyway",
+            )
         effects = self._effects(walker)
         alive = [e for e in effects if e.status == "alive"]
         blocked = [e for e in effects if e.status in ("hw", "foreign")]
@@ -611,6 +633,43 @@ class _Analysis:
         return self._finding(
             Outcome.UNKNOWN, f"no read of {', '.join(sorted(self.edited))} that acts was found"
         )
+
+    def _platform_choice(self, walker: Walker) -> tuple[ReadSite, Val] | None:
+        """`if x.f is None: x.f = <the platform's pick>` in argument resolution, taken only
+        without the edit, picking the edited value on this host: the edit changes nothing.
+        The pick is computed with the command's other settings and every other setting at
+        its declared default."""
+        name = self.dest
+        new, old = self.new[name].value, self.old[name].value
+        if new is UNSET or _equal(new, old):
+            return None
+        defaults = {
+            n: d.default
+            for n, d in self.index.table.fields.items()
+            if d.default is not UNSET and n not in self.old
+        }
+        ev = Evaluator(
+            self.index, self.reader, self.host, self.old, model=self.model, defaults=defaults
+        )
+        for site in walker.reads:
+            stmt = site.stmt
+            if (
+                site.field != name
+                or not site.runs_at_startup
+                or site.ctx is None
+                or site.scope_old is None
+                or not isinstance(stmt, ast.If)
+                or stmt.test is not site.context
+                or site.ctx.new.truth() is not False
+                or ev.expr(stmt.test, site.scope_old).truth() is not True
+                or all_hold(g.holds(ev.expr(g.node, site.scope_old)) for g in site.guards)
+                is not True
+            ):
+                continue
+            value = _picked(ev, stmt.body, site.scope_old.snapshot(), name)
+            if value is not None and value.known and _equal(value.value, new):
+                return site, value
+        return None
 
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
@@ -737,6 +796,29 @@ class _Analysis:
             reason=reason,
             evidence=self.evidence,
         )
+
+
+def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:
+    """The value a resolution branch gives field `name`: `return {"name": v}`,
+    `x.name = v` or `declare_resolution(x, "why", name=v)`, after its local assignments."""
+    for stmt in body:
+        if isinstance(stmt, ast.Assign):
+            target = stmt.targets[0]
+            if isinstance(target, ast.Attribute) and target.attr == name:
+                return ev.expr(stmt.value, scope)
+            assign(scope, stmt.targets, ev.expr(stmt.value, scope))
+        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Dict):
+            for key, value in zip(stmt.value.keys, stmt.value.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == name:
+                    return ev.expr(value, scope)
+            return None
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            for kw in stmt.value.keywords:
+                if kw.arg == name:
+                    return ev.expr(kw.value, scope)
+        else:
+            return None
+    return None
 
 
 def _shown(site: ReadSite) -> bool:

@@ -24,7 +24,8 @@ from typing import Any
 
 from flagtrial.gates.flags import UNSET
 from flagtrial.gates.index import SourceIndex, SourceReader
-from flagtrial.gates.model import GateHost
+from flagtrial.gates.model import GateHost, ModelFacts
+from flagtrial.gates.platforms import dependency_platforms
 
 # (role, file index or -1, line, note): a link of the evidence chain, hashable.
 Trace = tuple[str, int, int, str]
@@ -105,6 +106,43 @@ class DeviceProps:
         if name == "name":
             return self.host.gpu_name or UNKNOWN
         return UNKNOWN
+
+
+@dataclass(frozen=True, eq=False)
+class ModelView:
+    """The engine's model config object (`model_config`, `hf_config`) for a known config.json:
+    what the file says, and what the engine derives from it (MLA, MoE, the checkpoint's
+    quantization). Attributes the file does not give are unknown."""
+
+    facts: ModelFacts
+    hf: bool  # the raw HF config rather than the engine's ModelConfig
+
+    def attr(self, name: str) -> Any:
+        f = self.facts
+        if name in ("hf_config", "hf_text_config"):
+            return ModelView(f, True)
+        if name == "architectures":
+            return f.architectures
+        if not self.hf:
+            derived = {
+                "attention_arch": EnumMember("AttentionArch", "MLA" if f.mla else "MHA"),
+                "use_mla": f.mla,
+                "is_deepseek_mla": f.mla,
+                "is_moe": f.moe,
+                "quantization": f.quant_method,
+                "has_attention_sinks": f.sinks,
+                "has_asymmetric_kv": f.asymmetric_kv,
+            }
+            if name in derived:
+                return derived[name]
+        value = f.config.get(name, UNKNOWN)
+        return value if _plain(value) else UNKNOWN
+
+
+# helper name -> what it tells of the model (the engine reads the model's config through it)
+_MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_config": "view"}
+# attributes that name the model config object whatever holds it (`runner.model_config`)
+_MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config"}
 
 
 @dataclass(frozen=True)
@@ -250,7 +288,14 @@ class Evaluator:
         host: GateHost,
         fields: dict[str, FieldBinding],
         budget: int = 3000,
+        model: ModelFacts | None = None,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
+        self.model = model
+        # Set for computing what the platform picks: settings the command leaves out keep
+        # their declared defaults, environment variables theirs, and the engine's own
+        # dependencies for this platform are installed.
+        self.defaults = defaults
         self.index = index
         self.reader = reader
         self.host = host
@@ -289,10 +334,32 @@ class Evaluator:
             return self._fact(host.gpu_count, f"host has {host.gpu_count} GPU(s)")
         if dotted == "torch.cuda.get_device_name":
             return self._fact(host.gpu_name or UNKNOWN, "host GPU name")
+        if self.defaults is not None:
+            assumed = self._assumed_call(dotted, node, scope)
+            if assumed is not None:
+                return assumed
         if last in _GCN_ARCH_PROBES and host.platform == "rocm":
             return self._fact(host.gfx or UNKNOWN, "host gfx architecture")
+        if dotted in ("torch.backends.mps.is_available", "torch.mps.is_available"):
+            return self._fact(False, f"host runtime is {host.platform}")
         if dotted == "torch.cuda.get_device_properties":
             return self._fact(DeviceProps(host), "host GPU properties")
+        return None
+
+    def _assumed_call(self, dotted: str | None, node: ast.Call, scope: Scope) -> Val | None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "is_out_of_tree":
+            return Val(False, True, (("fact", -1, 0, "no out-of-tree platform plugin"),))
+        if dotted in ("os.getenv", "os.environ.get") and len(node.args) >= 1:
+            default = node.args[1] if len(node.args) > 1 else None
+            val = self.expr(default, scope) if default is not None else Val(None)
+            return Val(val.value, True, (("fact", -1, 0, "environment variables unset"),))
+        if dotted == "importlib.util.find_spec" and node.args:
+            name = self.expr(node.args[0], scope).value
+            if isinstance(name, str):
+                installed = self.host.platform in dependency_platforms(name.split(".")[0])
+                note = f"{name} {'is' if installed else 'is not'} installed on {self.host.platform}"
+                return Val(NOT_NONE if installed else None, True, (("fact", -1, 0, note),))
         return None
 
     def _primitive_attr(self, dotted: str) -> Val | None:
@@ -530,9 +597,13 @@ class Evaluator:
                 val = self.module_attr(obj, attr)
             else:
                 val = self.class_attr(obj.cls if isinstance(obj, Instance) else obj, attr, obj)
+            if not val.known and self.model is not None and attr in _MODEL_ATTRS:
+                val = self._model_fact("view")
             return _derived(val.value, base, val)
-        if isinstance(obj, DeviceProps):
+        if isinstance(obj, DeviceProps | ModelView):
             return _derived(obj.attr(attr), base)
+        if self.model is not None and attr in _MODEL_ATTRS and not base.known:
+            return _derived(self._model_fact("view").value, base, self._model_fact("view"))
         if isinstance(obj, Capability) and attr in ("major", "minor"):
             return _derived(obj[0] if attr == "major" else obj[1], base)
         if isinstance(obj, Capability) and attr == "to_int":
@@ -551,6 +622,8 @@ class Evaluator:
             binding = self.fields.get(node.attr)
             if binding and (binding.receiver is None or _tail(node.value) == binding.receiver):
                 return Val(UNKNOWN if binding.value is UNSET else binding.value)
+            if self.defaults is not None and node.attr in self.defaults:
+                return Val(self.defaults[node.attr])
         if (
             isinstance(node, ast.Call)
             and getattr(node.func, "id", "") == "getattr"
@@ -762,8 +835,17 @@ class Evaluator:
                 return Val(FuncRef(c.fi, info.methods[attr], owner=scope.owner))
         return Val(UNKNOWN)
 
+    def _model_fact(self, what: str) -> Val:
+        assert self.model is not None
+        value = ModelView(self.model, False) if what == "view" else self.model.mla
+        return Val(value, True, (("fact", -1, 0, f"model: {self.model.describe()}"),))
+
     def apply(self, func: Val, args: list[Val], kwargs: dict[str, Val]) -> Val:
         f = func.value
+        if isinstance(f, FuncRef) and self.model is not None:
+            probe = _MODEL_PROBES.get(self.index.func((f.fi, f.ni)).name)
+            if probe:
+                return self._model_fact(probe)
         if isinstance(f, FuncRef):
             return self.interpret(func, f, args, kwargs)
         if isinstance(f, ClassRef):

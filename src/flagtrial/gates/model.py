@@ -140,6 +140,9 @@ class ModelFacts(BaseModel):
     mla: bool = False  # multi-head latent attention (DeepSeek V2/V3, Kimi K2)
     moe: bool = False
     quant_method: str | None = None  # a quantized checkpoint: fp8, modelopt, awq, ...
+    sinks: bool = False  # learned attention sinks (gpt-oss, MiMo V2)
+    asymmetric_kv: bool = False  # K and V rows of different widths
+    config: dict[str, Any] = Field(default_factory=dict)  # the language model's config.json
 
     @classmethod
     def of(cls, config: dict[str, Any]) -> ModelFacts:
@@ -157,4 +160,21 @@ class ModelFacts(BaseModel):
             mla=bool(merged.get("kv_lora_rank")),
             moe=any(isinstance(n, int) and n > 1 for n in experts),
             quant_method=str(method).lower() if method else None,
+            sinks=any("GptOss" in a or "MiMoV2" in a for a in config.get("architectures") or ())
+            or any("sink" in k and bool(v) for k, v in merged.items()),
+            asymmetric_kv=not merged.get("kv_lora_rank")
+            and merged.get("v_head_dim", merged.get("head_dim")) != merged.get("head_dim"),
+            config=merged,
         )
+
+    def describe(self) -> str:
+        kind = ", ".join(
+            k
+            for k, on in (
+                ("MLA", self.mla),
+                ("MoE", self.moe),
+                (self.quant_method, bool(self.quant_method)),
+            )
+            if on and k
+        )
+        return f"{'/'.join(self.architectures) or 'unnamed'}{f' ({kind})' if kind else ''}"

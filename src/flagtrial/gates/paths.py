@@ -132,6 +132,7 @@ class ReadSite:
     parents: dict[int, ast.AST]
     scope_new: Scope
     runs_at_startup: bool
+    scope_old: Scope | None = None
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,7 @@ class Walker:
                 facts.parents,
                 st.new.snapshot(),
                 st.runs_at_startup,
+                st.old.snapshot(),
             )
         )
 

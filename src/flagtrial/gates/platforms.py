@@ -35,6 +35,15 @@ _PACKAGES: dict[str, frozenset[str]] = {
     "flashinfer": frozenset({"cuda"}),
     "deep_gemm": frozenset({"cuda"}),
 }
+_EVERYWHERE = frozenset({"cuda", "rocm", "cpu"})
+
+
+def dependency_platforms(package: str) -> frozenset[str]:
+    """Where an engine's dependency is installed: the platform-only ones where they exist,
+    any other on every platform."""
+    return _PACKAGES.get(package, _EVERYWHERE)
+
+
 _WORD = re.compile(r"[/_.]")
 _IMPORT = re.compile(r"^( {4})?(?:from|import)\s+([A-Za-z_]\w*)")
 
@@ -61,7 +70,7 @@ def _platforms_of(index: SourceIndex, reader: SourceReader, fi: int) -> tuple[fr
         m = _IMPORT.match(line)
         if m and (m.group(1) is None or in_try) and m.group(2) in _PACKAGES:
             return _PACKAGES[m.group(2)], f"{path} imports {m.group(2)} at module level"
-    return frozenset({"cuda", "rocm", "cpu"}), ""
+    return _EVERYWHERE, ""
 
 
 def foreign_module(index: SourceIndex, reader: SourceReader, fi: int, host: GateHost) -> str | None:
