@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,9 +314,18 @@ class _Analysis:
                 self._set(name, val.value if val.known else UNSET, fdef, None)
         return walker
 
-    def _walk(self) -> Walker:
-        ev_new = Evaluator(self.index, self.reader, self.host, self.new, model=self.model)
-        ev_old = Evaluator(self.index, self.reader, self.host, self.old, model=self.model)
+    def _walk(self, *, everything_default: bool = False) -> Walker:
+        ev_new, ev_old = (
+            Evaluator(
+                self.index,
+                self.reader,
+                self.host,
+                bound,
+                model=self.model,
+                resolution_defaults=self._defaults(bound, all_fields=everything_default),
+            )
+            for bound in (self.new, self.old)
+        )
         units: dict[tuple[int, int, int], None] = {}
         lines: set[tuple[int, int]] = set()
         for name in sorted(self.edited):
@@ -607,6 +617,15 @@ class _Analysis:
                         " walked: a startup failure there is not ruled out",
                     )
                 )
+            possible = self._failure_with_defaults()
+            if possible is not None:
+                self._raise_evidence(possible)
+                return self._finding(
+                    Outcome.UNKNOWN,
+                    f"{self._raise_reason(possible).removesuffix(' on this host')} on this host"
+                    " if the settings the command leaves out keep their defaults (argument"
+                    " resolution may change them): not ruled out",
+                )
             count = f"{len(alive)}+" if len(effects) >= MAX_EFFECTS else str(len(alive))
             parts = [f"selects {', '.join(self.selected)}"] if self.selected else []
             if alive:
@@ -634,6 +653,22 @@ class _Analysis:
             Outcome.UNKNOWN, f"no read of {', '.join(sorted(self.edited))} that acts was found"
         )
 
+    def _defaults(
+        self, bound: dict[str, FieldBinding], *, all_fields: bool = False
+    ) -> dict[str, Any]:
+        """Declared literal defaults of the settings not bound here (not in the command).
+        Argument resolution may rewrite a setting: unless `all_fields` (a guess: the
+        platform's own pick, a failure not ruled out), only those it never writes."""
+        written = set() if all_fields else _resolution_writes(self.index, self.reader)
+        return {
+            n: d.default
+            for n, d in self.index.table.fields.items()
+            if d.default is not UNSET
+            and n not in bound
+            and n not in written
+            and self.index.table.declared.get(n) == 1
+        }
+
     def _platform_choice(self, walker: Walker) -> tuple[ReadSite, Val] | None:
         """`if x.f is None: x.f = <the platform's pick>` in argument resolution, taken only
         without the edit, picking the edited value on this host: the edit changes nothing.
@@ -643,13 +678,13 @@ class _Analysis:
         new, old = self.new[name].value, self.old[name].value
         if new is UNSET or _equal(new, old):
             return None
-        defaults = {
-            n: d.default
-            for n, d in self.index.table.fields.items()
-            if d.default is not UNSET and n not in self.old
-        }
         ev = Evaluator(
-            self.index, self.reader, self.host, self.old, model=self.model, defaults=defaults
+            self.index,
+            self.reader,
+            self.host,
+            self.old,
+            model=self.model,
+            defaults=self._defaults(self.old, all_fields=True),
         )
         for site in walker.reads:
             stmt = site.stmt
@@ -673,6 +708,14 @@ class _Analysis:
 
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
+
+    def _failure_with_defaults(self) -> RaiseSite | None:
+        """The startup raise that is certain once every setting the command leaves out is
+        taken at its declared default (argument resolution may rewrite some: a guess, so
+        it makes the outcome UNKNOWN, never FAILS)."""
+        walker = self._walk(everything_default=True)
+        failures = [r for r in walker.raises if r.certain and r.runs_at_startup]
+        return min(failures, key=lambda r: (len(r.chain), r.stmt.lineno)) if failures else None
 
     def _possible_failures(self, walker: Walker) -> None:
         """Raises that the edit reaches on this host when something not known here holds:
@@ -796,6 +839,26 @@ class _Analysis:
             reason=reason,
             evidence=self.evidence,
         )
+
+
+_WRITE = re.compile(r"\b(\w+)\s*(?:[-+|]?=(?!=)|\s*:\s*\w)|[\"'](\w+)[\"']\s*:")
+_WRITES: dict[int, frozenset[str]] = {}
+
+
+def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[str]:
+    """Every name argument resolution may assign: `x.name =`, `name=` keywords, `"name":`
+    keys (a superset: any word before `=` counts)."""
+    with _READERS_LOCK:
+        if id(index) in _WRITES:
+            return _WRITES[id(index)]
+    names: set[str] = set()
+    prefix = index.layout.package + "/"
+    for fi, info in enumerate(index.files):
+        if info.path.removeprefix(prefix).startswith(index.layout.startup_paths):
+            for m in _WRITE.finditer("".join(reader.lines(fi))):
+                names.add(m.group(1) or m.group(2))
+    with _READERS_LOCK:
+        return _WRITES.setdefault(id(index), frozenset(names))
 
 
 def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:

@@ -127,6 +127,7 @@ class ModelView:
             derived = {
                 "attention_arch": EnumMember("AttentionArch", "MLA" if f.mla else "MHA"),
                 "use_mla": f.mla,
+                "use_mla_backend": f.mla,
                 "is_deepseek_mla": f.mla,
                 "is_moe": f.moe,
                 "quantization": f.quant_method,
@@ -142,7 +143,7 @@ class ModelView:
 # helper name -> what it tells of the model (the engine reads the model's config through it)
 _MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_config": "view"}
 # attributes that name the model config object whatever holds it (`runner.model_config`)
-_MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config"}
+_MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config", "use_mla_backend"}
 
 
 @dataclass(frozen=True)
@@ -261,9 +262,12 @@ class Scope:
     locals: dict[str, Val | Lazy] = field(default_factory=dict)
     cls: ClassRef | None = None  # for super() and class attributes
     owner: Any = None  # what `self` / `cls` is
+    # Walked as part of argument resolution: a setting no binding gives reads as its
+    # declared default there (the command leaves it out).
+    startup: bool = False
 
     def snapshot(self) -> Scope:
-        return Scope(self.fi, dict(self.locals), self.cls, self.owner)
+        return Scope(self.fi, dict(self.locals), self.cls, self.owner, self.startup)
 
 
 @dataclass(frozen=True)
@@ -290,8 +294,13 @@ class Evaluator:
         budget: int = 3000,
         model: ModelFacts | None = None,
         defaults: dict[str, Any] | None = None,
+        resolution_defaults: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
+        # Declared defaults of the settings the command leaves out, read in argument
+        # resolution only (elsewhere a name like `page_size` may be anything's).
+        self.resolution_defaults = resolution_defaults or {}
+        self._in_startup = False
         # Set for computing what the platform picks: settings the command leaves out keep
         # their declared defaults, environment variables theirs, and the engine's own
         # dependencies for this platform are installed.
@@ -598,12 +607,12 @@ class Evaluator:
             else:
                 val = self.class_attr(obj.cls if isinstance(obj, Instance) else obj, attr, obj)
             if not val.known and self.model is not None and attr in _MODEL_ATTRS:
-                val = self._model_fact("view")
+                val = self._model_attr(attr)
             return _derived(val.value, base, val)
         if isinstance(obj, DeviceProps | ModelView):
             return _derived(obj.attr(attr), base)
         if self.model is not None and attr in _MODEL_ATTRS and not base.known:
-            return _derived(self._model_fact("view").value, base, self._model_fact("view"))
+            return _derived(self._model_attr(attr).value, base, self._model_attr(attr))
         if isinstance(obj, Capability) and attr in ("major", "minor"):
             return _derived(obj[0] if attr == "major" else obj[1], base)
         if isinstance(obj, Capability) and attr == "to_int":
@@ -624,6 +633,8 @@ class Evaluator:
                 return Val(UNKNOWN if binding.value is UNSET else binding.value)
             if self.defaults is not None and node.attr in self.defaults:
                 return Val(self.defaults[node.attr])
+            if self._in_startup and node.attr in self.resolution_defaults:
+                return Val(self.resolution_defaults[node.attr])
         if (
             isinstance(node, ast.Call)
             and getattr(node.func, "id", "") == "getattr"
@@ -636,6 +647,8 @@ class Evaluator:
         return None
 
     def expr(self, node: ast.expr, scope: Scope) -> Val:
+        if self._depth == 0:
+            self._in_startup = scope.startup
         try:
             return self._expr(node, scope)
         except RecursionError:
@@ -840,6 +853,13 @@ class Evaluator:
         value = ModelView(self.model, False) if what == "view" else self.model.mla
         return Val(value, True, (("fact", -1, 0, f"model: {self.model.describe()}"),))
 
+    def _model_attr(self, attr: str) -> Val:
+        """`runner.model_config`, `x.hf_config`, `runner.use_mla_backend` of the model."""
+        view = self._model_fact("view")
+        if attr in ("model_config", "hf_config", "hf_text_config"):
+            return view if attr == "model_config" else _derived(view.value.attr(attr), view)
+        return _derived(view.value.attr(attr), view)
+
     def apply(self, func: Val, args: list[Val], kwargs: dict[str, Val]) -> Val:
         f = func.value
         if isinstance(f, FuncRef) and self.model is not None:
@@ -920,6 +940,7 @@ class Evaluator:
         try:
             key: Any = (
                 ref,
+                self._in_startup,
                 tuple(a.value for a in args),
                 tuple(sorted((k, v.value) for k, v in kwargs.items())),
             )
