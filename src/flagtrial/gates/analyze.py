@@ -342,6 +342,8 @@ class _Analysis:
         limit = max(MAX_UNITS, startup)
         self.skipped = max(0, len(ranked) - limit)
         for fi, start, end in ranked[:limit]:
+            if self._other_models(fi, start):
+                continue
             stmts = self.reader.unit(fi, start, end)
             walker.walk_unit(fi, stmts, runs_at_startup=self._runs_at_startup(fi, stmts))
         for fi, ni, guard in self._dispatched(ev_new, ev_old):
@@ -349,6 +351,16 @@ class _Analysis:
             stmts = self.reader.unit(fi, fn.start, fn.end)
             walker.walk_unit(fi, stmts, (guard,), runs_at_startup=True)
         return walker
+
+    def _other_models(self, fi: int, start: int) -> bool:
+        """A function registered for model architectures (`@_register_for("IQuestQ1ForCausalLM")`)
+        that do not include this model's: it never runs for it."""
+        if self.model is None or not self.model.architectures:
+            return False
+        fn = next((f for f in self.index.files[fi].funcs if f.start == start), None)
+        if fn is None or not fn.dispatch or not all(_ARCH.match(k) for k in fn.dispatch):
+            return False
+        return not set(fn.dispatch) & set(self.model.architectures)
 
     def _startup_file(self, fi: int) -> bool:
         path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
@@ -578,6 +590,15 @@ class _Analysis:
                 f"{self._where(reset)} turns {reset.field} off again on this host",
             )
         choice = self._platform_choice(walker)
+        blocking = self._config_failure() if choice is not None else None
+        if blocking is not None:
+            self._raise_evidence(blocking)
+            return self._finding(
+                Outcome.UNKNOWN,
+                f"without the flag this host picks the same value, but"
+                f" {self._raise_reason(blocking).removesuffix(' on this host')} is reached"
+                " with every test holding (with the settings left out at their defaults)",
+            )
         if choice is not None:
             site, value = choice
             self._add("read", site.fi, site.node.lineno, f"reads {site.field}")
@@ -708,6 +729,24 @@ class _Analysis:
 
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
+
+    def _config_failure(self) -> RaiseSite | None:
+        """A startup check of the edited value whose every test holds once the settings left
+        out take their defaults, host-dependent or not: no NO-OP is claimed over it."""
+        walker = self._walk(everything_default=True)
+        for r in walker.raises:
+            guards = [g for g in r.guards if not g.assumed]
+            # in a check that itself tests the edited value (`if view.x == "v": ...`)
+            if (
+                r.runs_at_startup
+                and not r.in_try
+                and not r.chain
+                and any(g.tainted for g in guards)
+                # earlier checks of the function pass too: it is this one that raises
+                and all_hold(g.holds_new for g in r.guards) is True
+            ):
+                return r
+        return None
 
     def _failure_with_defaults(self) -> RaiseSite | None:
         """The startup raise that is certain once every setting the command leaves out is
@@ -843,6 +882,8 @@ class _Analysis:
 
 _WRITE = re.compile(r"\b(\w+)\s*(?:[-+|]?=(?!=)|\s*:\s*\w)|[\"'](\w+)[\"']\s*:")
 _WRITES: dict[int, frozenset[str]] = {}
+# a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
+_ARCH = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")
 
 
 def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[str]:
@@ -863,11 +904,16 @@ def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[st
 
 def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:
     """The value a resolution branch gives field `name`: `return {"name": v}`,
-    `x.name = v` or `declare_resolution(x, "why", name=v)`, after its local assignments."""
+    `x.name = v`, `overrides["name"] = v` or `declare_resolution(x, "why", name=v)`, after
+    its local assignments."""
     for stmt in body:
         if isinstance(stmt, ast.Assign):
             target = stmt.targets[0]
-            if isinstance(target, ast.Attribute) and target.attr == name:
+            if (isinstance(target, ast.Attribute) and target.attr == name) or (
+                isinstance(target, ast.Subscript)
+                and isinstance(target.slice, ast.Constant)
+                and target.slice.value == name
+            ):
                 return ev.expr(stmt.value, scope)
             assign(scope, stmt.targets, ev.expr(stmt.value, scope))
         elif isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Dict):

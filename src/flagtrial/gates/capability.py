@@ -197,6 +197,7 @@ _BUILTINS = {
     "min",
     "max",
     "hasattr",
+    "dict",
     "getattr",
     "set",
     "frozenset",
@@ -853,6 +854,12 @@ class Evaluator:
         value = ModelView(self.model, False) if what == "view" else self.model.mla
         return Val(value, True, (("fact", -1, 0, f"model: {self.model.describe()}"),))
 
+    def model_param(self, name: str) -> Val | None:
+        """A parameter named like the model's config (`hf_config`), when the model is known."""
+        if self.model is None or name not in _MODEL_ATTRS:
+            return None
+        return self._model_attr(name)
+
     def _model_attr(self, attr: str) -> Val:
         """`runner.model_config`, `x.hf_config`, `runner.use_mla_backend` of the model."""
         view = self._model_fact("view")
@@ -893,6 +900,8 @@ class Evaluator:
             return args[0]
         if f.name == "to_int" and isinstance(f.bound, Capability):
             return _derived(f.bound.to_int(), func)
+        if vals and isinstance(vals[0], ModelView):
+            return _derived(_model_builtin(f.name, vals), *every)
         if not all(_plain(v) or isinstance(v, Builtin | list | dict) for v in vals):
             return _derived(UNKNOWN, *every)
         try:
@@ -1060,6 +1069,23 @@ class Evaluator:
                 case _:
                     return Val(UNKNOWN)
         return None
+
+
+def _model_builtin(name: str, vals: list[Any]) -> Any:
+    """`isinstance(hf_config, dict)` (an object, not a dict) and `getattr(hf_config, "k", d)`:
+    a key config.json lacks reads as the default, as a PretrainedConfig without it would."""
+    view: ModelView = vals[0]
+    if name == "isinstance":
+        return False if isinstance(vals[1], Builtin) and vals[1].name == "dict" else UNKNOWN
+    if name in ("getattr", "hasattr") and len(vals) >= 2 and isinstance(vals[1], str):
+        value = view.attr(vals[1])
+        missing = view.hf and vals[1] not in view.facts.config and value is UNKNOWN
+        if name == "hasattr":
+            return UNKNOWN if value is UNKNOWN and not missing else not missing
+        if missing and len(vals) > 2:
+            return vals[2]
+        return value
+    return UNKNOWN
 
 
 def assign(scope: Scope, targets: list[ast.expr], val: Val) -> None:

@@ -215,7 +215,9 @@ class Walker:
             a = stmts[0].args
             for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
                 if p is not None:
-                    new.locals[p.arg] = old.locals[p.arg] = Val(UNKNOWN)
+                    # `def f(server_args, hf_config)`: the model's config when it is known
+                    model = self.ev_new.model_param(p.arg)
+                    new.locals[p.arg] = old.locals[p.arg] = model or Val(UNKNOWN)
             body = stmts[0].body
         unit = (
             (fi, stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno) if stmts else (fi, 0, 0)
