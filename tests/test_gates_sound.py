@@ -197,3 +197,14 @@ def test_cli_takes_the_command_the_model_and_the_gpu(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=300,
     )  # fmt: skip
     assert run.returncode == 2 and "one of --sm, --gfx, --cpu" in run.stderr
+
+
+def test_platform_hook_turns_the_setting_off_again() -> None:
+    # vLLM 0.33.0 platforms/cpu.py:363-365, in CpuPlatform.check_and_update_config (run at
+    # every launch on a CPU host): if parallel_config.enable_dbo: ... enable_dbo = False
+    cpu = GateHost(platform="cpu", gpu_count=0)
+    f = gate(VLLM, "--enable-dbo", None, cpu)
+    expect(f, Outcome.NO_OP, "vllm/platforms/cpu.py:363", "vllm/platforms/cpu.py:365")
+    # the CUDA platform's hook does not: there the CPU module never runs
+    f = gate(VLLM, "--enable-dbo", None, SM90)
+    assert f.outcome is not Outcome.NO_OP, render_text([f])

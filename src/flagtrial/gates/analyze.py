@@ -37,6 +37,7 @@ from flagtrial.gates.capability import (
     Trace,
     Val,
     assign,
+    platform_module,
 )
 from flagtrial.gates.flags import LAYOUTS, UNSET, FieldDef, FlagDef
 from flagtrial.gates.index import SourceIndex, SourceReader, load_index
@@ -362,6 +363,17 @@ class _Analysis:
             return False
         return not set(fn.dispatch) & set(self.model.architectures)
 
+    def _platform_hook(self, fi: int, line: int) -> bool:
+        """Inside `check_and_update_config` of the class the host's runtime selects (vLLM's
+        `CpuPlatform` on a CPU host): it runs at every launch, and only on this platform."""
+        module = platform_module(self.index, self.host.platform)
+        if module is None or self.index.files[fi].module != module:
+            return False
+        return any(
+            f.name == "check_and_update_config" and f.start <= line <= f.end
+            for f in self.index.files[fi].funcs
+        )
+
     def _startup_file(self, fi: int) -> bool:
         path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
         return path.startswith(self.index.layout.startup_paths)
@@ -376,6 +388,8 @@ class _Analysis:
         if self._startup_file(fi):
             return True
         node = stmts[0] if len(stmts) == 1 else None
+        if node is not None and self._platform_hook(fi, node.lineno):
+            return True
         name = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else ""
         return any(f in name for f in self.edited)
 
@@ -508,13 +522,21 @@ class _Analysis:
         """`if <field set> and <not this GPU>: <field> = default` in code that runs at every
         launch: the engine undoes the edit here, so nothing later sees it."""
         stmt = site.stmt
+        hook = self._platform_hook(site.fi, site.node.lineno)
+        # In the platform's own hook a bare `if x.f: x.f = False` is this platform's doing.
+        bare = hook and isinstance(stmt, ast.If) and stmt.test is site.node and site.ctx is None
         if not (
             site.runs_at_startup
-            and site.ctx is not None
             and isinstance(stmt, ast.If)
-            and stmt.test is site.context
-            and site.ctx.new.truth() is True
-            and site.ctx.new.hw
+            and (
+                bare
+                or (
+                    site.ctx is not None
+                    and stmt.test is site.context
+                    and site.ctx.new.truth() is True
+                    and (site.ctx.new.hw or hook)
+                )
+            )
             and all_hold(g.holds_new for g in site.guards if not g.assumed) is True
         ):
             return False

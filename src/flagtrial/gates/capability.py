@@ -47,6 +47,15 @@ UNKNOWN: Any = _Unknown()
 NOT_NONE: Any = _NotNone()
 
 
+def platform_module(index: SourceIndex, platform: str) -> str | None:
+    """The module of the platform class a runtime selects (`vllm.platforms.cpu` on CPU)."""
+    for _, classes in index.layout.platform_objects.values():
+        qual = classes.get(platform) or _EXTRA_PLATFORMS.get(platform)
+        if qual:
+            return qual.split(":")[0]
+    return None
+
+
 class Capability(tuple[int, int]):
     """vLLM's DeviceCapability and torch's (major, minor) alike: a tuple with to_int()."""
 
