@@ -27,6 +27,7 @@ from scipy.stats import t as student_t
 
 from flagtrial import stats
 from flagtrial.facts import Facts, diff_facts
+from flagtrial.guardrails import PRIMARY
 from flagtrial.load.summary import RunSummary
 from flagtrial.sequential import Continue, Design, Sequential
 from flagtrial.settings import Policy
@@ -223,11 +224,5 @@ def fixed_decision(
     an interval when given (flagtrial's earlier Welch judge)."""
     lo_pct = stats.to_pct(est if lo is None else lo)
     hi_pct = stats.to_pct(est if hi is None else hi)
-    found = stats.classify(
-        lo_pct,
-        hi_pct,
-        policy.improvement_margin_pct,
-        policy.harm_margin_pct,
-        policy.equivalence_bounds_pct,
-    )
-    return {"gain": "KEEP", "harm": "REVERT"}.get(found or "", "INCONCLUSIVE")
+    found = PRIMARY.classify(policy, lo_pct, hi_pct)
+    return {"gain": "KEEP", "harm": "REVERT"}.get(found, "INCONCLUSIVE")

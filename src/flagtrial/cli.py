@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 import signal
 import socket
@@ -405,25 +406,50 @@ def gates(
     flag: Annotated[str, typer.Argument(help="the flag, e.g. --attention-backend")],
     value: Annotated[str | None, typer.Argument(help="its value, if it takes one")] = None,
     engine: Annotated[str, typer.Option(help="ENGINE==VERSION, e.g. sglang==0.5.23")] = "",
-    sm: Annotated[str, typer.Option(help="compute capability, e.g. 120 or 9.0")] = "",
+    sm: Annotated[str, typer.Option(help="CUDA compute capability, e.g. 120 or 9.0")] = "",
+    gfx: Annotated[str, typer.Option(help="AMD GPU architecture, e.g. gfx942")] = "",
+    cpu: Annotated[bool, typer.Option("--cpu", help="a host without a GPU")] = False,
     cuda: Annotated[str | None, typer.Option(help="CUDA version, e.g. 12.8")] = None,
-    tp: Annotated[int, typer.Option(help="tensor parallel size (= GPUs)")] = 1,
+    rocm: Annotated[str | None, typer.Option(help="ROCm version, e.g. 6.3")] = None,
+    tp: Annotated[
+        int | None, typer.Option(help="tensor parallel size (else the command's)")
+    ] = None,
+    gpus: Annotated[int | None, typer.Option(help="GPUs on the host (else the tp size)")] = None,
+    command: Annotated[
+        str, typer.Option(help="the whole candidate command's flags, e.g. '--tp-size 4 ...'")
+    ] = "",
+    model_config: Annotated[
+        Path | None, typer.Option("--model-config", help="the model's config.json")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Will FLAG act on this GPU? Evidence from the engine's own source; no host needed."""
     from flagtrial.engines import GATED
+    from flagtrial.gates import preflight as gating
     from flagtrial.gates.analyze import analyze_change, render_text
-    from flagtrial.gates.model import GateHost
+    from flagtrial.gates.model import GateHost, parse_compute_cap
 
     name, sep, version = engine.partition("==")
-    if not sep or name not in GATED or not sm:
-        raise typer.BadParameter("give --engine sglang==VERSION or vllm==VERSION, and --sm")
-    host = GateHost.sm(sm.replace(".", ""), cuda=cuda, gpus=tp)
+    if not sep or name not in GATED or sum(map(bool, (sm, gfx, cpu))) != 1:
+        raise typer.BadParameter(
+            "give --engine sglang==VERSION or vllm==VERSION, and one of --sm, --gfx, --cpu"
+        )
+    argv = shlex.split(command)
+    size = tp if tp is not None else gating.tensor_parallel(argv, name)
+    count = 0 if cpu else gpus if gpus is not None else size
     try:
-        findings = analyze_change(name, version, [(flag, value)], host, tp)
-    except FlagtrialError as e:
-        ui.err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(e.exit_code) from None
+        host = GateHost(
+            platform="cpu" if cpu else "rocm" if gfx else "cuda",
+            compute_cap=parse_compute_cap(sm) if sm else None,
+            cuda_version=parse_compute_cap(cuda) if cuda else None,
+            gfx=gfx.lower() or None,
+            rocm_version=parse_compute_cap(rocm) if rocm else None,
+            gpu_count=count,
+        )
+        model = json.loads(model_config.read_text()) if model_config else None
+    except (ValueError, OSError) as e:
+        raise UsageError(f"gates: {e}") from None
+    findings = analyze_change(name, version, [(flag, value)], host, size, command=argv, model=model)
     if json_out:
         emit_json([f.model_dump(mode="json") for f in findings])
     else:

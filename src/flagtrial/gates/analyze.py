@@ -22,16 +22,27 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flagtrial.errors import FlagtrialError
-from flagtrial.gates.capability import UNKNOWN, Evaluator, FieldBinding, Trace, Val
+from flagtrial.gates.capability import (
+    UNKNOWN,
+    Evaluator,
+    FieldBinding,
+    Scope,
+    Trace,
+    Val,
+    assign,
+    platform_module,
+)
 from flagtrial.gates.index import SourceIndex, SourceReader, load_index
-from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
+from flagtrial.gates.platforms import foreign_module
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import LAYOUTS
 from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value
@@ -74,11 +85,15 @@ def analyze_change(
     tp: int = 1,
     *,
     source: Path | None = None,
+    command: list[str] | None = None,
+    model: dict[str, Any] | None = None,
 ) -> list[GateFinding]:
     """One finding per edit `(flag, value)`; value None for a switch. `flag` may be any
     alias or unambiguous prefix, or `--flag=value` with value None.
 
     `host`: a GateHost, or a target's HostFacts (nvidia-smi: CUDA, version not known).
+    `command`: the whole candidate argv (flags only): the other flags' values are known to
+    every guard. `model`: the model's config.json (MLA, MoE, a quantized checkpoint).
     Thread-safe and silent: the trial runs it with `asyncio.to_thread` while the server
     restarts. The first call for a version downloads its wheel and indexes it (seconds);
     later calls read the cached index.
@@ -91,8 +106,36 @@ def analyze_change(
     for flag, value in edits:
         if value is None and "=" in flag:
             flag, value = flag.split("=", 1)
-        findings.append(_Analysis(index, reader, host, tp, flag, value).run())
+        others = _command_values(index, command or [], flag)
+        facts = ModelFacts.of(model) if model is not None else None
+        findings.append(_Analysis(index, reader, host, tp, flag, value, others, facts).run())
     return findings
+
+
+def _command_values(index: SourceIndex, argv: list[str], edited: str) -> dict[str, Any]:
+    """field -> value for every flag of the command except the edited one (argparse's
+    reading: `--x=v`, `--x v`, a switch alone)."""
+    table = index.table
+    target = table.lookup(edited.split("=", 1)[0])
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if not word.startswith("--"):
+            continue
+        name, eq, inline = word.partition("=")
+        flag = table.lookup(name)
+        if flag is None or "." in name:
+            continue
+        raw: str | None = inline if eq else None
+        if flag["nargs"] != 0 and not eq and i < len(argv) and not argv[i].startswith("--"):
+            raw = argv[i]
+            i += 1
+        if target is not None and flag["dest"] == target["dest"]:
+            continue
+        values[flag["dest"]] = _flag_value(flag, name, raw, table.field(flag["dest"]))
+    return values
 
 
 # ------------------------------------------------------------------ values
@@ -142,7 +185,9 @@ def _snake(name: str) -> str:
 @dataclass
 class _Effect:
     site: ReadSite
-    status: str  # "alive", "hw" (ruled out by the host), "value" (no difference for this value)
+    # "alive", "hw" (ruled out by the host), "foreign" (code of another platform), "value"
+    # (no difference for this value)
+    status: str
     deciding: Val | None = None
     guard: Guard | None = None
 
@@ -155,12 +200,15 @@ class _Analysis:
     tp: int
     flag_name: str
     raw_value: str | None
+    others: dict[str, Any] = field(default_factory=dict)  # the command's other flags
+    model: ModelFacts | None = None
     new: dict[str, FieldBinding] = field(default_factory=dict)
     old: dict[str, FieldBinding] = field(default_factory=dict)
     evidence: list[Evidence] = field(default_factory=list)
     facts: set[str] = field(default_factory=set)  # fields known from the host, not edited
     skipped: int = 0  # functions mentioning a field that were not walked (MAX_UNITS)
     selected: dict[str, None] = field(default_factory=dict)  # functions the value selects
+    dest: str = ""  # the field the flag sets
 
     # ---------------------------------------------------------- setup
 
@@ -206,16 +254,18 @@ class _Analysis:
             )
         )
         self._set(dest, value, fdef, receiver)
+        self.dest = dest
         owner, _, config_field = (flag.get("config") or "").partition(".")
         if not keys and config_field and config_field != dest:
             # vLLM: `--attention-backend` lands in `AttentionConfig.backend`, read through
             # an `attention_config` object.
             cdef = table.field(config_field, owner)
             self._set(config_field, value, cdef, _snake(owner))
-        for tp_field in self.index.layout.tp_fields:
-            if tp_field not in self.new:
-                self.new[tp_field] = self.old[tp_field] = FieldBinding(self.tp)
-                self.facts.add(tp_field)
+        known = {t: self.tp for t in self.index.layout.tp_fields} | self.others
+        for name, val in known.items():
+            if name not in self.new:
+                self.new[name] = self.old[name] = FieldBinding(val)
+                self.facts.add(name)
 
     def _set(self, name: str, value: Any, fdef: FieldDef | None, receiver: str | None) -> None:
         self.new[name] = FieldBinding(value, receiver)
@@ -261,9 +311,18 @@ class _Analysis:
                 self._set(name, val.value if val.known else UNSET, fdef, None)
         return walker
 
-    def _walk(self) -> Walker:
-        ev_new = Evaluator(self.index, self.reader, self.host, self.new)
-        ev_old = Evaluator(self.index, self.reader, self.host, self.old)
+    def _walk(self, *, everything_default: bool = False) -> Walker:
+        ev_new, ev_old = (
+            Evaluator(
+                self.index,
+                self.reader,
+                self.host,
+                bound,
+                model=self.model,
+                resolution_defaults=self._defaults(bound, all_fields=everything_default),
+            )
+            for bound in (self.new, self.old)
+        )
         units: dict[tuple[int, int, int], None] = {}
         lines: set[tuple[int, int]] = set()
         for name in sorted(self.edited):
@@ -271,8 +330,17 @@ class _Analysis:
                 units[(fi, start, end)] = None
                 lines.add((fi, line))
         walker = Walker(ev_new, ev_old, self.edited, lines)
-        self.skipped = max(0, len(units) - MAX_UNITS)
-        for fi, start, end in list(units)[:MAX_UNITS]:
+        # Argument resolution first and always whole: a startup failure there is never
+        # among the functions left unwalked; elsewhere code on this platform comes first.
+        ranked = sorted(
+            units, key=lambda u: (not self._startup_file(u[0]), self._foreign(u[0]) is not None)
+        )
+        startup = sum(1 for u in ranked if self._startup_file(u[0]))
+        limit = max(MAX_UNITS, startup)
+        self.skipped = max(0, len(ranked) - limit)
+        for fi, start, end in ranked[:limit]:
+            if self._other_models(fi, start):
+                continue
             stmts = self.reader.unit(fi, start, end)
             walker.walk_unit(fi, stmts, runs_at_startup=self._runs_at_startup(fi, stmts))
         for fi, ni, guard in self._dispatched(ev_new, ev_old):
@@ -281,14 +349,43 @@ class _Analysis:
             walker.walk_unit(fi, stmts, (guard,), runs_at_startup=True)
         return walker
 
+    def _other_models(self, fi: int, start: int) -> bool:
+        """A function registered for model architectures (`@_register_for("IQuestQ1ForCausalLM")`)
+        that do not include this model's: it never runs for it."""
+        if self.model is None or not self.model.architectures:
+            return False
+        fn = next((f for f in self.index.files[fi].funcs if f.start == start), None)
+        if fn is None or not fn.dispatch or not all(_ARCH.match(k) for k in fn.dispatch):
+            return False
+        return not set(fn.dispatch) & set(self.model.architectures)
+
+    def _platform_hook(self, fi: int, line: int) -> bool:
+        """Inside `check_and_update_config` of the class the host's runtime selects (vLLM's
+        `CpuPlatform` on a CPU host): it runs at every launch, and only on this platform."""
+        module = platform_module(self.index, self.host.platform)
+        if module is None or self.index.files[fi].module != module:
+            return False
+        return any(
+            f.name == "check_and_update_config" and f.start <= line <= f.end
+            for f in self.index.files[fi].funcs
+        )
+
+    def _startup_file(self, fi: int) -> bool:
+        path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
+        return path.startswith(self.index.layout.startup_paths)
+
+    def _foreign(self, fi: int) -> str | None:
+        return foreign_module(self.index, self.reader, fi, self.host)
+
     def _runs_at_startup(self, fi: int, stmts: list[ast.stmt]) -> bool:
         """Argument resolution runs at every launch; so does the function that resolves a
         field (`resolve_flashinfer_allreduce_fusion_backend`) once the field is set. Other
         code (a kernel's constructor, a model's layer) runs only where it is selected."""
-        path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
-        if path.startswith(self.index.layout.startup_paths):
+        if self._startup_file(fi):
             return True
         node = stmts[0] if len(stmts) == 1 else None
+        if node is not None and self._platform_hook(fi, node.lineno):
+            return True
         name = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else ""
         return any(f in name for f in self.edited)
 
@@ -320,6 +417,10 @@ class _Analysis:
     def _mappings(self, walker: Walker) -> dict[str, tuple[Val, ReadSite]]:
         derived: dict[str, tuple[Val, ReadSite]] = {}
         for site in walker.reads:
+            # Only argument resolution maps one setting to another: elsewhere `dtype=x.f`
+            # passes a value to a kernel, not to the `dtype` setting.
+            if not site.runs_at_startup:
+                continue
             kind, writes = self._consumer(site)
             if kind != "mapping":
                 continue
@@ -417,13 +518,21 @@ class _Analysis:
         """`if <field set> and <not this GPU>: <field> = default` in code that runs at every
         launch: the engine undoes the edit here, so nothing later sees it."""
         stmt = site.stmt
+        hook = self._platform_hook(site.fi, site.node.lineno)
+        # In the platform's own hook a bare `if x.f: x.f = False` is this platform's doing.
+        bare = hook and isinstance(stmt, ast.If) and stmt.test is site.node and site.ctx is None
         if not (
             site.runs_at_startup
-            and site.ctx is not None
             and isinstance(stmt, ast.If)
-            and stmt.test is site.context
-            and site.ctx.new.truth() is True
-            and site.ctx.new.hw
+            and (
+                bare
+                or (
+                    site.ctx is not None
+                    and stmt.test is site.context
+                    and site.ctx.new.truth() is True
+                    and (site.ctx.new.hw or hook)
+                )
+            )
             and all_hold(g.holds_new for g in site.guards if not g.assumed) is True
         ):
             return False
@@ -431,7 +540,7 @@ class _Analysis:
         kinds = {self._statement_kind(s, writes) for s in stmt.body}
         if "effect" in kinds or "raise" in kinds or site.field not in writes:
             return False
-        value = Evaluator(self.index, self.reader, self.host, self.new).expr(
+        value = Evaluator(self.index, self.reader, self.host, self.new, model=self.model).expr(
             writes[site.field], site.scope_new
         )
         if not value.known:
@@ -452,6 +561,9 @@ class _Analysis:
         return effects
 
     def _effect(self, site: ReadSite) -> _Effect:
+        foreign = self._foreign(site.fi)
+        if foreign is not None:
+            return _Effect(site, "foreign", Val(False, True, (("note", -1, 0, foreign),)))
         for guard in site.guards:
             if guard.holds_new is False:
                 return _Effect(site, "hw" if guard.new.hw else "value", guard.new, guard)
@@ -495,15 +607,40 @@ class _Analysis:
                 Outcome.NO_OP,
                 f"{self._where(reset)} turns {reset.field} off again on this host",
             )
+        choice = self._platform_choice(walker)
+        blocking = self._config_failure() if choice is not None else None
+        if blocking is not None:
+            self._raise_evidence(blocking)
+            return self._finding(
+                Outcome.UNKNOWN,
+                f"without the flag this host picks the same value, but"
+                f" {self._raise_reason(blocking).removesuffix(' on this host')} is reached"
+                " with every test holding (with the settings left out at their defaults)",
+            )
+        if choice is not None:
+            site, value = choice
+            self._add("read", site.fi, site.node.lineno, f"reads {site.field}")
+            self._add("gate", site.fi, site.stmt.lineno, "the platform's choice when not given")
+            for trace in value.traces:
+                self._trace(trace)
+            return self._finding(
+                Outcome.NO_OP,
+                f"{self._where(site)}: without the flag this host gets {site.field}="
+                f"{value.value!r} anyway",
+            )
         effects = self._effects(walker)
         alive = [e for e in effects if e.status == "alive"]
-        blocked = [e for e in effects if e.status == "hw"]
+        blocked = [e for e in effects if e.status in ("hw", "foreign")]
         if alive or self.selected:
             # Reads behind a host-dependent guard that holds (or may) say most about the GPU.
+            # Reads every guard of which holds come first (they are shown to run), then
+            # those in the code that serves, not in argument resolution.
             alive.sort(
                 key=lambda e: (
+                    not _shown(e.site),
+                    e.site.runs_at_startup,
                     not any(g.new.hw for g in e.site.guards)
-                    and not (e.site.ctx is not None and e.site.ctx.new.hw)
+                    and not (e.site.ctx is not None and e.site.ctx.new.hw),
                 )
             )
             for effect in alive[:MAX_SHOWN]:
@@ -518,6 +655,15 @@ class _Analysis:
                         note=f"{self.skipped} more functions mention the field and were not"
                         " walked: a startup failure there is not ruled out",
                     )
+                )
+            possible = self._failure_with_defaults()
+            if possible is not None:
+                self._raise_evidence(possible)
+                return self._finding(
+                    Outcome.UNKNOWN,
+                    f"{self._raise_reason(possible).removesuffix(' on this host')} on this host"
+                    " if the settings the command leaves out keep their defaults (argument"
+                    " resolution may change them): not ruled out",
                 )
             count = f"{len(alive)}+" if len(effects) >= MAX_EFFECTS else str(len(alive))
             parts = [f"selects {', '.join(self.selected)}"] if self.selected else []
@@ -546,8 +692,87 @@ class _Analysis:
             Outcome.UNKNOWN, f"no read of {', '.join(sorted(self.edited))} that acts was found"
         )
 
+    def _defaults(
+        self, bound: dict[str, FieldBinding], *, all_fields: bool = False
+    ) -> dict[str, Any]:
+        """Declared literal defaults of the settings not bound here (not in the command).
+        Argument resolution may rewrite a setting: unless `all_fields` (a guess: the
+        platform's own pick, a failure not ruled out), only those it never writes."""
+        written = set() if all_fields else _resolution_writes(self.index, self.reader)
+        return {
+            n: d.default
+            for n, d in self.index.table.fields.items()
+            if d.default is not UNSET
+            and n not in bound
+            and n not in written
+            and self.index.table.declared.get(n) == 1
+        }
+
+    def _platform_choice(self, walker: Walker) -> tuple[ReadSite, Val] | None:
+        """`if x.f is None: x.f = <the platform's pick>` in argument resolution, taken only
+        without the edit, picking the edited value on this host: the edit changes nothing.
+        The pick is computed with the command's other settings and every other setting at
+        its declared default."""
+        name = self.dest
+        new, old = self.new[name].value, self.old[name].value
+        if new is UNSET or _equal(new, old):
+            return None
+        ev = Evaluator(
+            self.index,
+            self.reader,
+            self.host,
+            self.old,
+            model=self.model,
+            defaults=self._defaults(self.old, all_fields=True),
+        )
+        for site in walker.reads:
+            stmt = site.stmt
+            if (
+                site.field != name
+                or not site.runs_at_startup
+                or site.ctx is None
+                or site.scope_old is None
+                or not isinstance(stmt, ast.If)
+                or stmt.test is not site.context
+                or site.ctx.new.truth() is not False
+                or ev.expr(stmt.test, site.scope_old).truth() is not True
+                or all_hold(g.holds(ev.expr(g.node, site.scope_old)) for g in site.guards)
+                is not True
+            ):
+                continue
+            value = _picked(ev, stmt.body, site.scope_old.snapshot(), name)
+            if value is not None and value.known and _equal(value.value, new):
+                return site, value
+        return None
+
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
+
+    def _config_failure(self) -> RaiseSite | None:
+        """A startup check of the edited value whose every test holds once the settings left
+        out take their defaults, host-dependent or not: no NO-OP is claimed over it."""
+        walker = self._walk(everything_default=True)
+        for r in walker.raises:
+            guards = [g for g in r.guards if not g.assumed]
+            # in a check that itself tests the edited value (`if view.x == "v": ...`)
+            if (
+                r.runs_at_startup
+                and not r.in_try
+                and not r.chain
+                and any(g.tainted for g in guards)
+                # earlier checks of the function pass too: it is this one that raises
+                and all_hold(g.holds_new for g in r.guards) is True
+            ):
+                return r
+        return None
+
+    def _failure_with_defaults(self) -> RaiseSite | None:
+        """The startup raise that is certain once every setting the command leaves out is
+        taken at its declared default (argument resolution may rewrite some: a guess, so
+        it makes the outcome UNKNOWN, never FAILS)."""
+        walker = self._walk(everything_default=True)
+        failures = [r for r in walker.raises if r.certain and r.runs_at_startup]
+        return min(failures, key=lambda r: (len(r.chain), r.stmt.lineno)) if failures else None
 
     def _possible_failures(self, walker: Walker) -> None:
         """Raises that the edit reaches on this host when something not known here holds:
@@ -604,9 +829,14 @@ class _Analysis:
         status = {
             "alive": "acts on this host",
             "hw": "ruled out on this host",
+            "foreign": "ruled out on this host",
             "value": "no difference",
         }[effect.status]
         self._add("read", site.fi, site.node.lineno, f"reads {site.field}: {status}")
+        if effect.status == "foreign" and effect.deciding is not None:
+            for trace in effect.deciding.traces:
+                self._trace(trace)
+            return
         if effect.guard is not None:
             self._guard_evidence(effect.guard)
         elif effect.deciding is not None and site.context is not None:
@@ -666,6 +896,62 @@ class _Analysis:
             reason=reason,
             evidence=self.evidence,
         )
+
+
+_WRITE = re.compile(r"\b(\w+)\s*(?:[-+|]?=(?!=)|\s*:\s*\w)|[\"'](\w+)[\"']\s*:")
+_WRITES: dict[int, frozenset[str]] = {}
+# a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
+_ARCH = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")
+
+
+def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[str]:
+    """Every name argument resolution may assign: `x.name =`, `name=` keywords, `"name":`
+    keys (a superset: any word before `=` counts)."""
+    with _READERS_LOCK:
+        if id(index) in _WRITES:
+            return _WRITES[id(index)]
+    names: set[str] = set()
+    prefix = index.layout.package + "/"
+    for fi, info in enumerate(index.files):
+        if info.path.removeprefix(prefix).startswith(index.layout.startup_paths):
+            for m in _WRITE.finditer("".join(reader.lines(fi))):
+                names.add(m.group(1) or m.group(2))
+    with _READERS_LOCK:
+        return _WRITES.setdefault(id(index), frozenset(names))
+
+
+def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:
+    """The value a resolution branch gives field `name`: `return {"name": v}`,
+    `x.name = v`, `overrides["name"] = v` or `declare_resolution(x, "why", name=v)`, after
+    its local assignments."""
+    for stmt in body:
+        if isinstance(stmt, ast.Assign):
+            target = stmt.targets[0]
+            if (isinstance(target, ast.Attribute) and target.attr == name) or (
+                isinstance(target, ast.Subscript)
+                and isinstance(target.slice, ast.Constant)
+                and target.slice.value == name
+            ):
+                return ev.expr(stmt.value, scope)
+            assign(scope, stmt.targets, ev.expr(stmt.value, scope))
+        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Dict):
+            for key, value in zip(stmt.value.keys, stmt.value.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == name:
+                    return ev.expr(value, scope)
+            return None
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            for kw in stmt.value.keywords:
+                if kw.arg == name:
+                    return ev.expr(kw.value, scope)
+        else:
+            return None
+    return None
+
+
+def _shown(site: ReadSite) -> bool:
+    """Every guard of the read holds with the edit on this host: it runs whenever its
+    function does."""
+    return all_hold(g.holds_new for g in site.guards) is True
 
 
 def _writes(node: ast.AST, name: str) -> bool:

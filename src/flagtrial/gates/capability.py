@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from flagtrial.gates.index import SourceIndex, SourceReader
-from flagtrial.gates.model import GateHost
+from flagtrial.gates.model import GateHost, ModelFacts
+from flagtrial.gates.platforms import dependency_platforms
 from flagtrial.sourceread.common import UNSET, absolute
 
 # (role, file index or -1, line, note): a link of the evidence chain, hashable.
@@ -44,6 +45,15 @@ class _NotNone:
 
 UNKNOWN: Any = _Unknown()
 NOT_NONE: Any = _NotNone()
+
+
+def platform_module(index: SourceIndex, platform: str) -> str | None:
+    """The module of the platform class a runtime selects (`vllm.platforms.cpu` on CPU)."""
+    for _, classes in index.layout.platform_objects.values():
+        qual = classes.get(platform) or _EXTRA_PLATFORMS.get(platform)
+        if qual:
+            return qual.split(":")[0]
+    return None
 
 
 class Capability(tuple[int, int]):
@@ -88,6 +98,61 @@ class EnumMember:
 class Builtin:
     name: str
     bound: Any = None  # the receiver of a bound str/dict/tuple method
+
+
+@dataclass(frozen=True)
+class DeviceProps:
+    """torch.cuda.get_device_properties(i): the facts the host gives, the rest unknown."""
+
+    host: GateHost
+
+    def attr(self, name: str) -> Any:
+        cap = self.host.capability
+        if name in ("major", "minor") and cap:
+            return cap[0] if name == "major" else cap[1]
+        if name == "gcnArchName":
+            return (self.host.gfx or UNKNOWN) if self.host.platform == "rocm" else ""
+        if name == "name":
+            return self.host.gpu_name or UNKNOWN
+        return UNKNOWN
+
+
+@dataclass(frozen=True, eq=False)
+class ModelView:
+    """The engine's model config object (`model_config`, `hf_config`) for a known config.json:
+    what the file says, and what the engine derives from it (MLA, MoE, the checkpoint's
+    quantization). Attributes the file does not give are unknown."""
+
+    facts: ModelFacts
+    hf: bool  # the raw HF config rather than the engine's ModelConfig
+
+    def attr(self, name: str) -> Any:
+        f = self.facts
+        if name in ("hf_config", "hf_text_config"):
+            return ModelView(f, True)
+        if name == "architectures":
+            return f.architectures
+        if not self.hf:
+            derived = {
+                "attention_arch": EnumMember("AttentionArch", "MLA" if f.mla else "MHA"),
+                "use_mla": f.mla,
+                "use_mla_backend": f.mla,
+                "is_deepseek_mla": f.mla,
+                "is_moe": f.moe,
+                "quantization": f.quant_method,
+                "has_attention_sinks": f.sinks,
+                "has_asymmetric_kv": f.asymmetric_kv,
+            }
+            if name in derived:
+                return derived[name]
+        value = f.config.get(name, UNKNOWN)
+        return value if _plain(value) else UNKNOWN
+
+
+# helper name -> what it tells of the model (the engine reads the model's config through it)
+_MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_config": "view"}
+# attributes that name the model config object whatever holds it (`runner.model_config`)
+_MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config", "use_mla_backend"}
 
 
 @dataclass(frozen=True)
@@ -141,6 +206,7 @@ _BUILTINS = {
     "min",
     "max",
     "hasattr",
+    "dict",
     "getattr",
     "set",
     "frozenset",
@@ -170,6 +236,10 @@ _BINOP: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Div: operator.truediv,
 }
 _STR_METHODS = {"split", "startswith", "endswith", "lower", "upper", "strip", "get", "index"}
+# vLLM reads the gfx architecture through amdsmi first: a probe of the host's fact.
+_GCN_ARCH_PROBES = {"_get_gcn_arch", "_query_gcn_arch_from_amdsmi", "get_gcn_arch"}
+# Runtimes the engine layout does not bind a platform class for.
+_EXTRA_PLATFORMS = {"cpu": "vllm.platforms.cpu:CpuPlatform"}
 _MAX_LINES = 120  # longer functions are not capability probes: not interpreted
 _PLAIN = (bool, int, float, str, type(None), tuple, Capability, frozenset)
 
@@ -202,9 +272,12 @@ class Scope:
     locals: dict[str, Val | Lazy] = field(default_factory=dict)
     cls: ClassRef | None = None  # for super() and class attributes
     owner: Any = None  # what `self` / `cls` is
+    # Walked as part of argument resolution: a setting no binding gives reads as its
+    # declared default there (the command leaves it out).
+    startup: bool = False
 
     def snapshot(self) -> Scope:
-        return Scope(self.fi, dict(self.locals), self.cls, self.owner)
+        return Scope(self.fi, dict(self.locals), self.cls, self.owner, self.startup)
 
 
 @dataclass(frozen=True)
@@ -229,7 +302,19 @@ class Evaluator:
         host: GateHost,
         fields: dict[str, FieldBinding],
         budget: int = 3000,
+        model: ModelFacts | None = None,
+        defaults: dict[str, Any] | None = None,
+        resolution_defaults: dict[str, Any] | None = None,
     ) -> None:
+        self.model = model
+        # Declared defaults of the settings the command leaves out, read in argument
+        # resolution only (elsewhere a name like `page_size` may be anything's).
+        self.resolution_defaults = resolution_defaults or {}
+        self._in_startup = False
+        # Set for computing what the platform picks: settings the command leaves out keep
+        # their declared defaults, environment variables theirs, and the engine's own
+        # dependencies for this platform are installed.
+        self.defaults = defaults
         self.index = index
         self.reader = reader
         self.host = host
@@ -246,42 +331,70 @@ class Evaluator:
         return Val(value, True, (("fact", -1, 0, note),))
 
     def _cap_note(self) -> str:
-        return "host compute capability " + (
-            "{}.{}".format(*self.host.compute_cap) if self.host.compute_cap else "unknown"
-        )
+        cap = self.host.capability
+        return "host compute capability " + ("{}.{}".format(*cap) if cap else "unknown")
 
     def _primitive_call(self, node: ast.Call, scope: Scope) -> Val | None:
         func = node.func
         last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        host = self.host
+        if last in ("get_device_capability", "get_device_sm") and host.gpu_count == 0:
+            return self._fact(None, "host has no GPU")
         if last == "get_device_capability":
-            cap = self.host.compute_cap
-            if self.host.gpu_count == 0:
-                return self._fact(None, "host has no GPU")
+            cap = host.capability
             return self._fact(Capability(cap) if cap else UNKNOWN, self._cap_note())
         if last == "get_device_sm":
-            cap = self.host.compute_cap
+            cap = host.capability
             return self._fact(cap[0] * 10 + cap[1] if cap else UNKNOWN, self._cap_note())
         dotted = self._external_name(func, scope)
         if dotted == "torch.cuda.is_available":
-            return self._fact(self.host.gpu_count > 0, f"host has {self.host.gpu_count} GPU(s)")
+            return self._fact(host.gpu_count > 0, f"host has {host.gpu_count} GPU(s)")
         if dotted == "torch.cuda.device_count":
-            return self._fact(self.host.gpu_count, f"host has {self.host.gpu_count} GPU(s)")
+            return self._fact(host.gpu_count, f"host has {host.gpu_count} GPU(s)")
         if dotted == "torch.cuda.get_device_name":
-            return self._fact(self.host.gpu_name or UNKNOWN, "host GPU name")
+            return self._fact(host.gpu_name or UNKNOWN, "host GPU name")
+        if self.defaults is not None:
+            assumed = self._assumed_call(dotted, node, scope)
+            if assumed is not None:
+                return assumed
+        if last in _GCN_ARCH_PROBES and host.platform == "rocm":
+            return self._fact(host.gfx or UNKNOWN, "host gfx architecture")
+        if dotted in ("torch.backends.mps.is_available", "torch.mps.is_available"):
+            return self._fact(False, f"host runtime is {host.platform}")
+        if dotted == "torch.cuda.get_device_properties":
+            return self._fact(DeviceProps(host), "host GPU properties")
+        return None
+
+    def _assumed_call(self, dotted: str | None, node: ast.Call, scope: Scope) -> Val | None:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "is_out_of_tree":
+            return Val(False, True, (("fact", -1, 0, "no out-of-tree platform plugin"),))
+        if dotted in ("os.getenv", "os.environ.get") and len(node.args) >= 1:
+            default = node.args[1] if len(node.args) > 1 else None
+            val = self.expr(default, scope) if default is not None else Val(None)
+            return Val(val.value, True, (("fact", -1, 0, "environment variables unset"),))
+        if dotted == "importlib.util.find_spec" and node.args:
+            name = self.expr(node.args[0], scope).value
+            if isinstance(name, str):
+                installed = self.host.platform in dependency_platforms(name.split(".")[0])
+                note = f"{name} {'is' if installed else 'is not'} installed on {self.host.platform}"
+                return Val(NOT_NONE if installed else None, True, (("fact", -1, 0, note),))
         return None
 
     def _primitive_attr(self, dotted: str) -> Val | None:
         host = self.host
         if dotted == "torch.version.cuda":
             if host.platform != "cuda":
-                return self._fact(None, "host runtime is ROCm")
+                return self._fact(None, f"host runtime is {host.platform}")
             if host.cuda_version is None:
                 return self._fact(NOT_NONE, "host CUDA version not given")
             return self._fact("{}.{}".format(*host.cuda_version), "host CUDA version")
         if dotted == "torch.version.hip":
-            return self._fact(
-                NOT_NONE if host.platform == "rocm" else None, f"host runtime is {host.platform}"
-            )
+            if host.platform != "rocm":
+                return self._fact(None, f"host runtime is {host.platform}")
+            if host.rocm_version is None:
+                return self._fact(NOT_NONE, "host runtime is ROCm")
+            return self._fact("{}.{}".format(*host.rocm_version), "host ROCm version")
         if dotted in ("torch.version.musa", "torch.version.xpu"):
             return self._fact(None, f"host runtime is {host.platform}")
         return None
@@ -348,8 +461,8 @@ class Evaluator:
         """vLLM's `current_platform` is chosen at run time by plugin discovery: bind it to
         the class the host's runtime selects (`CudaPlatform` on CUDA)."""
         module, classes = self.index.layout.platform_objects[name]
-        qual = classes.get(self.host.platform)
-        if qual is None:
+        qual = classes.get(self.host.platform) or _EXTRA_PLATFORMS.get(self.host.platform)
+        if qual is None or not qual.startswith(module):
             return Val(UNKNOWN)
         mod, cls = qual.split(":")
         fi = self.index.modules.get(mod)
@@ -503,7 +616,13 @@ class Evaluator:
                 val = self.module_attr(obj, attr)
             else:
                 val = self.class_attr(obj.cls if isinstance(obj, Instance) else obj, attr, obj)
+            if not val.known and self.model is not None and attr in _MODEL_ATTRS:
+                val = self._model_attr(attr)
             return _derived(val.value, base, val)
+        if isinstance(obj, DeviceProps | ModelView):
+            return _derived(obj.attr(attr), base)
+        if self.model is not None and attr in _MODEL_ATTRS and not base.known:
+            return _derived(self._model_attr(attr).value, base, self._model_attr(attr))
         if isinstance(obj, Capability) and attr in ("major", "minor"):
             return _derived(obj[0] if attr == "major" else obj[1], base)
         if isinstance(obj, Capability) and attr == "to_int":
@@ -522,6 +641,10 @@ class Evaluator:
             binding = self.fields.get(node.attr)
             if binding and (binding.receiver is None or _tail(node.value) == binding.receiver):
                 return Val(UNKNOWN if binding.value is UNSET else binding.value)
+            if self.defaults is not None and node.attr in self.defaults:
+                return Val(self.defaults[node.attr])
+            if self._in_startup and node.attr in self.resolution_defaults:
+                return Val(self.resolution_defaults[node.attr])
         if (
             isinstance(node, ast.Call)
             and getattr(node.func, "id", "") == "getattr"
@@ -534,6 +657,8 @@ class Evaluator:
         return None
 
     def expr(self, node: ast.expr, scope: Scope) -> Val:
+        if self._depth == 0:
+            self._in_startup = scope.startup
         try:
             return self._expr(node, scope)
         except RecursionError:
@@ -613,7 +738,38 @@ class Evaluator:
                 return self.call(node, scope)
             case ast.JoinedStr():
                 return Val(NOT_NONE)
+            case ast.GeneratorExp() | ast.ListComp() | ast.SetComp():
+                return self.comprehension(node, scope)
         return Val(UNKNOWN)
+
+    def comprehension(
+        self, node: ast.GeneratorExp | ast.ListComp | ast.SetComp, scope: Scope
+    ) -> Val:
+        """`any(g in arch for g in ["gfx95"])`: one `for` over a known sequence, every item
+        known, else UNKNOWN (a partly known list would mislead any()/all())."""
+        if len(node.generators) != 1 or not isinstance(node.generators[0].target, ast.Name):
+            return Val(UNKNOWN)
+        gen = node.generators[0]
+        assert isinstance(gen.target, ast.Name)
+        seq = self.expr(gen.iter, scope)
+        if not isinstance(seq.value, tuple | frozenset | str) or len(seq.value) > 64:
+            return _derived(UNKNOWN, seq)
+        inner = scope.snapshot()
+        items, vals = [], [seq]
+        for item in seq.value:
+            inner.locals[gen.target.id] = Val(item)
+            conds = [self.expr(c, inner) for c in gen.ifs]
+            vals += conds
+            if any(c.truth() is None for c in conds):
+                return _derived(UNKNOWN, *vals)
+            if all(c.truth() for c in conds):
+                val = self.expr(node.elt, inner)
+                vals.append(val)
+                if not val.known:
+                    return _derived(UNKNOWN, *vals)
+                items.append(val.value)
+        result = frozenset(items) if isinstance(node, ast.SetComp) else tuple(items)
+        return _derived(result, *vals)
 
     def boolop(self, is_and: bool, values: list[ast.expr], scope: Scope) -> Val:
         """Three-valued `and`/`or`; a decided result carries only what decided it."""
@@ -702,8 +858,30 @@ class Evaluator:
                 return Val(FuncRef(c.fi, info.methods[attr], owner=scope.owner))
         return Val(UNKNOWN)
 
+    def _model_fact(self, what: str) -> Val:
+        assert self.model is not None
+        value = ModelView(self.model, False) if what == "view" else self.model.mla
+        return Val(value, True, (("fact", -1, 0, f"model: {self.model.describe()}"),))
+
+    def model_param(self, name: str) -> Val | None:
+        """A parameter named like the model's config (`hf_config`), when the model is known."""
+        if self.model is None or name not in _MODEL_ATTRS:
+            return None
+        return self._model_attr(name)
+
+    def _model_attr(self, attr: str) -> Val:
+        """`runner.model_config`, `x.hf_config`, `runner.use_mla_backend` of the model."""
+        view = self._model_fact("view")
+        if attr in ("model_config", "hf_config", "hf_text_config"):
+            return view if attr == "model_config" else _derived(view.value.attr(attr), view)
+        return _derived(view.value.attr(attr), view)
+
     def apply(self, func: Val, args: list[Val], kwargs: dict[str, Val]) -> Val:
         f = func.value
+        if isinstance(f, FuncRef) and self.model is not None:
+            probe = _MODEL_PROBES.get(self.index.func((f.fi, f.ni)).name)
+            if probe:
+                return self._model_fact(probe)
         if isinstance(f, FuncRef):
             return self.interpret(func, f, args, kwargs)
         if isinstance(f, ClassRef):
@@ -731,6 +909,8 @@ class Evaluator:
             return args[0]
         if f.name == "to_int" and isinstance(f.bound, Capability):
             return _derived(f.bound.to_int(), func)
+        if vals and isinstance(vals[0], ModelView):
+            return _derived(_model_builtin(f.name, vals), *every)
         if not all(_plain(v) or isinstance(v, Builtin | list | dict) for v in vals):
             return _derived(UNKNOWN, *every)
         try:
@@ -778,6 +958,7 @@ class Evaluator:
         try:
             key: Any = (
                 ref,
+                self._in_startup,
                 tuple(a.value for a in args),
                 tuple(sorted((k, v.value) for k, v in kwargs.items())),
             )
@@ -897,6 +1078,23 @@ class Evaluator:
                 case _:
                     return Val(UNKNOWN)
         return None
+
+
+def _model_builtin(name: str, vals: list[Any]) -> Any:
+    """`isinstance(hf_config, dict)` (an object, not a dict) and `getattr(hf_config, "k", d)`:
+    a key config.json lacks reads as the default, as a PretrainedConfig without it would."""
+    view: ModelView = vals[0]
+    if name == "isinstance":
+        return False if isinstance(vals[1], Builtin) and vals[1].name == "dict" else UNKNOWN
+    if name in ("getattr", "hasattr") and len(vals) >= 2 and isinstance(vals[1], str):
+        value = view.attr(vals[1])
+        missing = view.hf and vals[1] not in view.facts.config and value is UNKNOWN
+        if name == "hasattr":
+            return UNKNOWN if value is UNKNOWN and not missing else not missing
+        if missing and len(vals) > 2:
+            return vals[2]
+        return value
+    return UNKNOWN
 
 
 def assign(scope: Scope, targets: list[ast.expr], val: Val) -> None:

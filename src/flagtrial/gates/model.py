@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from flagtrial.targets.base import HostFacts
 
-GpuPlatform = Literal["cuda", "rocm"]
+GpuPlatform = Literal["cuda", "rocm", "cpu"]
 
 _CAP = re.compile(r"^(?:sm[_ ]?)?(\d+)(?:\.(\d+))?$", re.IGNORECASE)
 
@@ -39,6 +39,19 @@ class GateHost(BaseModel):
     platform: GpuPlatform = "cuda"
     gpu_count: int = 1
     gpu_name: str | None = None
+    gfx: str | None = None  # an AMD GPU's architecture, e.g. gfx942 (MI300X)
+    rocm_version: tuple[int, int] | None = None
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """What torch's get_device_capability() reports: on ROCm it is read off the gfx
+        architecture (gfx942 -> 9.4, gfx90a -> 9.0, gfx1100 -> 11.0)."""
+        if self.platform == "cpu":
+            return None
+        if self.compute_cap or self.platform != "rocm" or not self.gfx:
+            return self.compute_cap
+        m = re.match(r"^gfx(\d+?)([0-9a-f])([0-9a-f])$", self.gfx.lower())
+        return (int(m.group(1)), int(m.group(2), 16)) if m else None
 
     @classmethod
     def sm(cls, cap: str, *, cuda: str | None = None, gpus: int = 1) -> GateHost:
@@ -63,10 +76,14 @@ class GateHost(BaseModel):
         )
 
     def describe(self) -> str:
+        if self.platform == "cpu":
+            return "CPU, no GPU"
+        if self.platform == "rocm":
+            rocm = ".".join(map(str, self.rocm_version)) if self.rocm_version else "unknown"
+            return f"{self.gfx or 'unknown gfx'}, ROCm {rocm}, {self.gpu_count} GPU(s)"
         cap = "SM{}{}".format(*self.compute_cap) if self.compute_cap else "unknown capability"
         cuda = ".".join(map(str, self.cuda_version)) if self.cuda_version else "unknown"
-        runtime = f"CUDA {cuda}" if self.platform == "cuda" else "ROCm"
-        return f"{cap}, {runtime}, {self.gpu_count} GPU(s)"
+        return f"{cap}, CUDA {cuda}, {self.gpu_count} GPU(s)"
 
 
 class Outcome(StrEnum):
@@ -112,3 +129,52 @@ class GateFinding(BaseModel):
     def cites(self, where: str) -> bool:
         """Whether a `file:line` (path suffix allowed) is part of the evidence chain."""
         return any(e.where.endswith(where) for e in self.evidence if e.file)
+
+
+class ModelFacts(BaseModel):
+    """What a model's config.json says that gates depend on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    architectures: tuple[str, ...] = ()
+    mla: bool = False  # multi-head latent attention (DeepSeek V2/V3, Kimi K2)
+    moe: bool = False
+    quant_method: str | None = None  # a quantized checkpoint: fp8, modelopt, awq, ...
+    sinks: bool = False  # learned attention sinks (gpt-oss, MiMo V2)
+    asymmetric_kv: bool = False  # K and V rows of different widths
+    config: dict[str, Any] = Field(default_factory=dict)  # the language model's config.json
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> ModelFacts:
+        # Multimodal configs nest the language model's config.
+        text = config.get("text_config") or config.get("language_config") or {}
+        merged = {**text, **config} if isinstance(text, dict) else config
+        experts = (
+            merged.get(k)
+            for k in ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+        )
+        quant = merged.get("quantization_config")
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        return cls(
+            architectures=tuple(config.get("architectures") or ()),
+            mla=bool(merged.get("kv_lora_rank")),
+            moe=any(isinstance(n, int) and n > 1 for n in experts),
+            quant_method=str(method).lower() if method else None,
+            sinks=any("GptOss" in a or "MiMoV2" in a for a in config.get("architectures") or ())
+            or any("sink" in k and bool(v) for k, v in merged.items()),
+            asymmetric_kv=not merged.get("kv_lora_rank")
+            and merged.get("v_head_dim", merged.get("head_dim")) != merged.get("head_dim"),
+            config=merged,
+        )
+
+    def describe(self) -> str:
+        kind = ", ".join(
+            k
+            for k, on in (
+                ("MLA", self.mla),
+                ("MoE", self.moe),
+                (self.quant_method, bool(self.quant_method)),
+            )
+            if on and k
+        )
+        return f"{'/'.join(self.architectures) or 'unnamed'}{f' ({kind})' if kind else ''}"

@@ -132,6 +132,7 @@ class ReadSite:
     parents: dict[int, ast.AST]
     scope_new: Scope
     runs_at_startup: bool
+    scope_old: Scope | None = None
 
 
 @dataclass(frozen=True)
@@ -208,13 +209,15 @@ class Walker:
         `runs_at_startup`: the caller knows this code runs at every launch with the edit
         (argument resolution, a function registered for the value); only there is a certain
         raise a certain startup failure."""
-        new, old = Scope(fi), Scope(fi)
+        new, old = Scope(fi, startup=runs_at_startup), Scope(fi, startup=runs_at_startup)
         body = stmts
         if len(stmts) == 1 and isinstance(stmts[0], ast.FunctionDef | ast.AsyncFunctionDef):
             a = stmts[0].args
             for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
                 if p is not None:
-                    new.locals[p.arg] = old.locals[p.arg] = Val(UNKNOWN)
+                    # `def f(server_args, hf_config)`: the model's config when it is known
+                    model = self.ev_new.model_param(p.arg)
+                    new.locals[p.arg] = old.locals[p.arg] = model or Val(UNKNOWN)
             body = stmts[0].body
         unit = (
             (fi, stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno) if stmts else (fi, 0, 0)
@@ -329,6 +332,10 @@ class Walker:
         self, targets: list[ast.expr], value: ast.expr, facts: StmtFacts | None, st: _State
     ) -> None:
         tainted = self._is_tainted(facts, value, st)
+        if not tainted and st.runs_at_startup and isinstance(value, ast.Call):
+            # `backends = attention_backends_of(view)`: a helper that reads the edited
+            # setting carries its value.
+            tainted = self._reads_edit(value, st)
         new_scope, old_scope = st.new.snapshot(), st.old.snapshot()
         for target in targets:
             names: list[tuple[str, int | None]] = []
@@ -340,6 +347,14 @@ class Walker:
                 st.new.locals[name] = Lazy(self.ev_new, value, new_scope, item)
                 st.old.locals[name] = Lazy(self.ev_old, value, old_scope, item)
                 (st.tainted.add if tainted else st.tainted.discard)(name)
+
+    def _reads_edit(self, call: ast.Call, st: _State) -> bool:
+        """Whether the function a call resolves to reads an edited field itself."""
+        ref = self.ev_new.expr(call.func, st.new).value
+        if not isinstance(ref, FuncRef):
+            return False
+        fn = self.ev_new.index.func((ref.fi, ref.ni))
+        return any((ref.fi, line) in self.mentions for line in range(fn.start, fn.end + 1))
 
     def _forget(self, st: _State, stmt: ast.stmt) -> None:
         """Names a branch or loop may have rebound are unknown after it."""
@@ -387,6 +402,7 @@ class Walker:
                 facts.parents,
                 st.new.snapshot(),
                 st.runs_at_startup,
+                st.old.snapshot(),
             )
         )
 
@@ -442,6 +458,7 @@ class Walker:
         kw_old = {k.arg: self.ev_old.expr(k.value, st.old) for k in call.keywords if k.arg}
         new = self.ev_new.bind(ref, stmts[0], args_new, kw_new)
         old = self.ev_old.bind(ref, stmts[0], args_old, kw_old)
+        new.startup = old.startup = st.runs_at_startup
         tainted = {
             name
             for name, a, b in ((n, new.locals[n], old.locals.get(n)) for n in new.locals)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
+from typing import Any
 
 from flagtrial.engines import ENGINES, GATED
 from flagtrial.gates.analyze import analyze_change
@@ -31,15 +33,28 @@ def gate_host(host: HostFacts, declared: DeclaredGpu) -> GateHost | None:
 
 
 async def analyze(
-    engine: str, version: str | None, change: Change, candidate: LaunchSpec, host: GateHost | None
+    engine: str,
+    version: str | None,
+    change: Change,
+    candidate: LaunchSpec,
+    host: GateHost | None,
+    model: dict[str, Any] | None = None,
 ) -> list[GateFinding]:
-    """Findings for every add/set edit; [] where the analysis does not apply. Runs in a
+    """Findings for every add/set edit, judged within the whole candidate command (and the
+    model's config.json when given); [] where the analysis does not apply. Runs in a
     thread: the index may take seconds to build the first time for a version."""
     edits = [(e.name, e.value) for e in change.edits if e.op in ("add", "set")]
     if engine not in GATED or not version or host is None or not edits:
         return []
     tp = tensor_parallel(candidate.argv, engine)
-    return await asyncio.to_thread(analyze_change, engine, version, edits, host, tp)
+    return await asyncio.to_thread(
+        partial(analyze_change, command=candidate.argv, model=model),
+        engine,
+        version,
+        edits,
+        host,
+        tp,
+    )
 
 
 def failing(findings: list[GateFinding]) -> list[GateFinding]:

@@ -1,0 +1,210 @@
+"""The gate analysis on each class of case it used to miss, with the whole candidate command,
+the model's config.json and the host's platform (CUDA SM, AMD gfx, CPU).
+
+Every expected outcome was traced by hand in the engine's wheel; the comment next to each
+case names the lines that decide it. Models are written here as the few config.json keys the
+engines read (the architecture, MLA's kv_lora_rank).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
+from flagtrial.gates.capability import Evaluator, Scope
+from flagtrial.gates.model import GateFinding, GateHost, ModelFacts, Outcome
+from flagtrial.gates.platforms import foreign_module
+
+SGLANG = ("sglang", "0.5.23")
+SGLANG_SEED = ("sglang", "0.5.10")
+VLLM = ("vllm", "0.33.0")
+
+DENSE: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "head_dim": 128,
+}
+MLA: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "n_routed_experts": 256,
+}
+
+
+def cuda(cap: tuple[int, int]) -> GateHost:
+    return GateHost(compute_cap=cap, cuda_version=(12, 8), gpu_count=8)
+
+
+SM86, SM90, SM100, SM120 = cuda((8, 6)), cuda((9, 0)), cuda((10, 0)), cuda((12, 0))
+GFX942 = GateHost(platform="rocm", gfx="gfx942", rocm_version=(6, 3), gpu_count=8)
+
+
+def gate(
+    engine: tuple[str, str],
+    flag: str,
+    value: str | None,
+    host: GateHost,
+    extra: list[str] | None = None,
+    model: dict[str, Any] | None = DENSE,
+    tp: int = 1,
+) -> GateFinding:
+    edit = [flag] if value is None else [flag, value]
+    command = ["--model-path", "MODEL", *(extra or []), *edit]
+    (finding,) = analyze_change(*engine, [(flag, value)], host, tp, command=command, model=model)
+    return finding
+
+
+def expect(f: GateFinding, outcome: Outcome, *places: str) -> None:
+    assert f.outcome is outcome, render_text([f])
+    for place in places:
+        assert f.cites(place), f"{place} not in\n{render_text([f])}"
+
+
+def test_platform_hook_raise() -> None:
+    # kv_cache_hook.py:105: if not get_platform().is_blackwell: raise ValueError(mxfp8 ...)
+    f = gate(SGLANG, "--kv-cache-dtype", "mxfp8", SM90)
+    expect(f, Outcome.FAILS, "sglang/srt/arg_groups/kv_cache_hook.py:106")
+    # an AMD host is not a CUDA host with an unknown capability: it fails the same check
+    expect(gate(SGLANG, "--kv-cache-dtype", "mxfp8", GFX942), Outcome.FAILS)
+    assert gate(SGLANG, "--kv-cache-dtype", "mxfp8", SM100).outcome is Outcome.ACTIVE
+
+
+def test_kv4_needs_blackwell_on_every_platform() -> None:
+    # kv_cache_hook.py:125: nvfp4 on CUDA but neither SM100 nor SM120 -> RuntimeError;
+    # kv_cache_hook.py:318: else (not CUDA) -> RuntimeError("KV4 is not tested on non-CUDA")
+    expect(
+        gate(SGLANG, "--kv-cache-dtype", "nvfp4", SM90),
+        Outcome.FAILS,
+        "sglang/srt/arg_groups/kv_cache_hook.py:128",
+    )
+
+
+def test_hook_sets_another_setting_whose_check_fails() -> None:
+    # The seed's flag: serving_hook.py:286 turns the deprecated switch into
+    # flashinfer_allreduce_fusion_backend="auto", whose resolution raises off SM90/SM100
+    # (flashinfer_comm_fusion.py:48-49); 0.5.10 has no such check and the fusion only
+    # switches itself off there.
+    f = gate(SGLANG, "--enable-flashinfer-allreduce-fusion", None, SM120, ["--tp-size", "4"], tp=4)
+    expect(
+        f,
+        Outcome.FAILS,
+        "sglang/srt/arg_groups/serving_hook.py:286",
+        "sglang/srt/layers/flashinfer_comm_fusion.py:49",
+    )
+    seed = gate(SGLANG_SEED, "--enable-flashinfer-allreduce-fusion", None, SM120, tp=4)
+    assert seed.outcome is Outcome.NO_OP, render_text([seed])
+    for engine in (SGLANG, SGLANG_SEED):
+        f = gate(engine, "--enable-flashinfer-allreduce-fusion", None, SM90, tp=4)
+        assert f.outcome is Outcome.ACTIVE, render_text([f])
+
+
+def test_read_in_another_platforms_backend_does_not_count() -> None:
+    # aiter_backend.py imports AITER (AMD only) and reads kv_cache_dtype: not on CUDA.
+    index = source_index(*SGLANG)
+    fi = index.modules["sglang.srt.layers.attention.aiter_backend"]
+    why = foreign_module(index, _reader(index), fi, SM90)
+    assert why is not None and "never runs on cuda" in why
+    assert foreign_module(index, _reader(index), fi, GFX942) is None
+    # so the fp8 KV cache's ACTIVE on SM90 rests on reads outside AITER
+    f = gate(SGLANG, "--kv-cache-dtype", "fp8_e4m3", SM90)
+    assert f.outcome is Outcome.ACTIVE, render_text([f])
+    assert not any("aiter" in (e.file or "") and e.role == "read" for e in f.evidence)
+
+
+@pytest.mark.parametrize(
+    ("cap", "table"),
+    [((9, 0), {2: 64, 4: 2, 8: 0.5}), ((10, 0), {2: 64, 4: 32, 8: 1, 16: 64}), ((12, 0), {})],
+)
+def test_capability_table_is_evaluated(cap: tuple[int, int], table: dict[int, float]) -> None:
+    # compilation.py:209: FI_ALLREDUCE_FUSION_MAX_SIZE_MB.get(capability.to_int(), {}):
+    # allreduce_rms_fusion.py:104 has rows for 90, 100, 103, 107 and none for SM120.
+    index = source_index(*VLLM)
+    fi = index.modules["vllm.config.compilation"]
+    ev = Evaluator(index, _reader(index), cuda(cap), {})
+    call = ast.parse("PassConfig.default_fi_allreduce_fusion_max_size_mb()", mode="eval").body
+    val = ev.expr(call, Scope(fi))
+    assert val.value == table and val.hw
+    # compilation.py:204: not current_platform.is_cuda() -> {} on ROCm
+    ev = Evaluator(index, _reader(index), GFX942, {})
+    assert ev.expr(call, Scope(fi)).value == {}
+
+
+def test_value_the_platform_picks_anyway_is_a_noop() -> None:
+    # overrides.py:1132: attention_backend None -> get_default_attn_backend(); for an MLA
+    # model on SM120 that is triton (model_override_base.py, the MLA branch's last else).
+    f = gate(SGLANG, "--attention-backend", "triton", SM120, model=MLA)
+    expect(f, Outcome.NO_OP, "sglang/srt/arg_groups/overrides.py:1132")
+    assert "triton" in f.reason
+    # a dense model on SM90 with CUDA 12.8 gets fa3 by default: triton is a change there
+    assert gate(SGLANG, "--attention-backend", "triton", SM90).outcome is Outcome.ACTIVE
+
+
+def test_outcome_depends_on_the_model() -> None:
+    # attention_registry.py:243: assert (major == 8 and not runner.use_mla_backend) or major == 9
+    expect(
+        gate(SGLANG, "--attention-backend", "fa3", SM86, model=MLA),
+        Outcome.FAILS,
+        "sglang/srt/layers/attention/attention_registry.py:243",
+    )
+    assert gate(SGLANG, "--attention-backend", "fa3", SM86).outcome is Outcome.ACTIVE
+    facts = ModelFacts.of(MLA)
+    assert facts.mla and facts.moe and not ModelFacts.of(DENSE).mla
+
+
+def test_outcome_depends_on_another_flag_of_the_command() -> None:
+    # mamba_hook.py:44: if cfg.mamba_backend == "triton" and not get_platform().is_sm100: raise
+    flag = "--enable-mamba-cache-stochastic-rounding"
+    fp16 = ["--mamba-ssm-dtype", "float16"]
+    f = gate(SGLANG, flag, None, SM90, [*fp16, "--mamba-backend", "triton"])
+    expect(f, Outcome.FAILS, "sglang/srt/arg_groups/mamba_hook.py:45")
+    f = gate(SGLANG, flag, None, SM90, [*fp16, "--mamba-backend", "flashinfer"])
+    assert f.outcome is Outcome.ACTIVE, render_text([f])
+    f = gate(SGLANG, flag, None, SM100, [*fp16, "--mamba-backend", "triton"])
+    assert f.outcome is Outcome.ACTIVE, render_text([f])
+
+
+def test_amd_and_cpu_hosts_are_decided() -> None:
+    assert GFX942.capability == (9, 4)  # torch on ROCm reports gfx942 as 9.4
+    assert GateHost(platform="rocm", gfx="gfx90a").capability == (9, 0)
+    f = gate(SGLANG, "--max-running-requests", "64", GFX942)
+    assert f.outcome is Outcome.ACTIVE, render_text([f])
+    assert GateHost(platform="cpu", gpu_count=0).describe() == "CPU, no GPU"
+
+
+def test_cli_takes_the_command_the_model_and_the_gpu(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(MLA))
+    argv = [sys.executable, "-m", "flagtrial", "gates", "--engine", "sglang==0.5.23", "--json"]
+    run = subprocess.run(
+        [*argv, "--sm", "8.6", "--model-config", str(config), "--command",
+         "--model-path M --tp-size 8", "--attention-backend", "fa3"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    (finding,) = json.loads(run.stdout)
+    assert finding["outcome"] == Outcome.FAILS.value and finding["tp"] == 8
+    run = subprocess.run(
+        [*argv, "--gfx", "gfx942", "--sm", "9.0", "--max-running-requests", "8"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 2 and "one of --sm, --gfx, --cpu" in run.stderr
+
+
+def test_platform_hook_turns_the_setting_off_again() -> None:
+    # vLLM 0.33.0 platforms/cpu.py:363-365, in CpuPlatform.check_and_update_config (run at
+    # every launch on a CPU host): if parallel_config.enable_dbo: ... enable_dbo = False
+    cpu = GateHost(platform="cpu", gpu_count=0)
+    f = gate(VLLM, "--enable-dbo", None, cpu)
+    expect(f, Outcome.NO_OP, "vllm/platforms/cpu.py:363", "vllm/platforms/cpu.py:365")
+    # the CUDA platform's hook does not: there the CPU module never runs
+    f = gate(VLLM, "--enable-dbo", None, SM90)
+    assert f.outcome is not Outcome.NO_OP, render_text([f])
