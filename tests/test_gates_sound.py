@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from flagtrial.gates.analyze import _reader, analyze_change, render_text, source
 from flagtrial.gates.capability import Evaluator, Scope
 from flagtrial.gates.model import GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.platforms import foreign_module
+from harness.cli import cli
 
 SGLANG = ("sglang", "0.5.23")
 SGLANG_SEED = ("sglang", "0.5.10")
@@ -183,19 +182,13 @@ def test_amd_and_cpu_hosts_are_decided() -> None:
 def test_cli_takes_the_command_the_model_and_the_gpu(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(MLA))
-    argv = [sys.executable, "-m", "flagtrial", "gates", "--engine", "sglang==0.5.23", "--json"]
-    run = subprocess.run(
-        [*argv, "--sm", "8.6", "--model-config", str(config), "--command",
-         "--model-path M --tp-size 8", "--attention-backend", "fa3"],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    argv = ("gates", "--engine", "sglang==0.5.23", "--json")
+    run = cli(None, *argv, "--sm", "8.6", "--model-config", str(config), "--command",
+              "--model-path M --tp-size 8", "--attention-backend", "fa3")  # fmt: skip
     assert run.returncode == 0, run.stderr
     (finding,) = json.loads(run.stdout)
     assert finding["outcome"] == Outcome.FAILS.value and finding["tp"] == 8
-    run = subprocess.run(
-        [*argv, "--gfx", "gfx942", "--sm", "9.0", "--max-running-requests", "8"],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+    run = cli(None, *argv, "--gfx", "gfx942", "--sm", "9.0", "--max-running-requests", "8")
     assert run.returncode == 2 and "one of --sm, --gfx, --cpu" in run.stderr
 
 
