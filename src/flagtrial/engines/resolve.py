@@ -68,7 +68,8 @@ class ResolveFacts(BaseModel):
 
     def describe(self) -> str:
         if self.platform == "rocm":
-            return f"declared {self.gfx or 'AMD GPU'}, ROCm {self.rocm or 'unknown'}, {self.gpus} GPU(s)"  # fmt: skip
+            gpu = self.gfx or "AMD GPU"
+            return f"declared {gpu}, ROCm {self.rocm or 'unknown'}, {self.gpus} GPU(s)"
         cap = "SM{}{}".format(*self.compute_cap) if self.compute_cap else "unknown SM"
         return f"declared {cap}, CUDA {self.cuda or 'unknown'}, {self.gpus} GPU(s)"
 
@@ -149,7 +150,9 @@ def _settings(engine: str, argv: list[str], out: dict[str, Any]) -> dict[str, Sc
     return settings
 
 
-def parse(engine: str, argv: list[str], facts: ResolveFacts | None, rc: int, text: str) -> Resolution:  # fmt: skip
+def parse(
+    engine: str, argv: list[str], facts: ResolveFacts | None, rc: int, text: str
+) -> Resolution:
     out = _marked(text, resolve_dump.MARK)
     where = "the host's own GPUs" if facts is None else facts.describe()
     if out is None:

@@ -116,9 +116,9 @@ def _attr(module: str, attr: str) -> _StandIn:
     return _StandIn(f"{module}.{attr}")
 
 
-def _patch(owner: Any, name: str, value: Any, label: str) -> None:
+def _patch(owner: types.ModuleType, name: str, value: Any) -> None:
     setattr(owner, name, value)
-    _patched.append(label)
+    _patched.append(f"{owner.__name__}.{name}")
 
 
 class _Props:
@@ -157,19 +157,19 @@ def declare_torch(facts: dict[str, Any]) -> None:
         return int(memory * (1 << 20)), int(memory * (1 << 20))
 
     cuda = torch.cuda
-    _patch(cuda, "is_available", lambda: True, "torch.cuda.is_available")
-    _patch(cuda, "device_count", lambda: count, "torch.cuda.device_count")
-    _patch(cuda, "get_device_capability", lambda device=None: cap, "torch.cuda.get_device_capability")  # fmt: skip
-    _patch(cuda, "get_device_name", lambda device=None: name, "torch.cuda.get_device_name")
+    _patch(cuda, "is_available", lambda: True)
+    _patch(cuda, "device_count", lambda: count)
+    _patch(cuda, "get_device_capability", lambda device=None: cap)
+    _patch(cuda, "get_device_name", lambda device=None: name)
     props = _Props(facts, name)
-    _patch(cuda, "get_device_properties", lambda device=None: props, "torch.cuda.get_device_properties")  # fmt: skip
-    _patch(cuda, "mem_get_info", mem_get_info, "torch.cuda.mem_get_info")
+    _patch(cuda, "get_device_properties", lambda device=None: props)
+    _patch(cuda, "mem_get_info", mem_get_info)
     if facts["platform"] == "rocm":
-        _patch(torch.version, "cuda", None, "torch.version.cuda")
-        _patch(torch.version, "hip", str(facts.get("rocm") or "6.3"), "torch.version.hip")
+        _patch(torch.version, "cuda", None)
+        _patch(torch.version, "hip", str(facts.get("rocm") or "6.3"))
     else:
-        _patch(torch.version, "cuda", str(facts.get("cuda") or "12.8"), "torch.version.cuda")
-        _patch(torch.version, "hip", None, "torch.version.hip")
+        _patch(torch.version, "cuda", str(facts.get("cuda") or "12.8"))
+        _patch(torch.version, "hip", None)
 
 
 def declare_sglang(facts: dict[str, Any]) -> None:
@@ -177,11 +177,11 @@ def declare_sglang(facts: dict[str, Any]) -> None:
         from sglang.srt.utils import common
 
         original = common.get_device_memory_capacity
-        _patch(common, "get_device_memory_capacity", lambda device=None: None,
-               "sglang.srt.utils.common.get_device_memory_capacity")  # fmt: skip
-        for module in list(sys.modules.values()):  # copies bound by `from ... import`
+        unknown = lambda device=None: None  # noqa: E731
+        # the function and its copies already bound by `from ... import`
+        for module in [common] + [m for m in list(sys.modules.values()) if m is not common]:
             if getattr(module, "get_device_memory_capacity", None) is original:
-                module.get_device_memory_capacity = common.get_device_memory_capacity  # type: ignore[attr-defined]
+                _patch(module, "get_device_memory_capacity", unknown)
 
 
 def declare_vllm(facts: dict[str, Any]) -> None:
