@@ -252,3 +252,54 @@ def compare(predicted: Resolution, facts: Facts) -> tuple[int, list[str]]:
         else:
             differ.append(f"{key}: predicted {value!r}, the server reports {reported!r}")
     return same, differ
+
+
+class Prediction(BaseModel):
+    """Known-good and candidate resolved on one host, and what the restart will change."""
+
+    known_good: Resolution
+    candidate: Resolution
+    diff: FactsDiff | None  # None where either side did not resolve
+
+    @property
+    def refused(self) -> bool:
+        """The candidate raises where the known-good does not: it fails at startup."""
+        return self.candidate.raised is not None and self.known_good.raised is None
+
+    def lines(self) -> list[str]:
+        """What preflight shows."""
+        out = [
+            f"engine's own resolution ({self.candidate.facts}):",
+            f"  known-good: {self.known_good.describe()}",
+            f"  candidate: {self.candidate.describe()}",
+        ]
+        if self.diff is not None:
+            changes = self.diff.implicit
+            out.append(f"  predicted implicit changes: {len(changes) or 'none'}")
+            out += [f"    {c.describe()}" for c in changes]
+            out += [f"  the change sets: {c.describe()}" for c in self.diff.explicit]
+        if self.candidate.stood_in:
+            out.append(
+                f"  (stand-ins for {len(self.candidate.stood_in)} GPU-only modules absent here; "
+                f"patched platform queries: {', '.join(self.candidate.patched)})"
+            )
+        return out
+
+
+async def predict(
+    target: Target,
+    engine: str,
+    known_good: LaunchSpec,
+    candidate: LaunchSpec,
+    facts: ResolveFacts | None,
+    named: set[str],
+) -> Prediction | None:
+    """Both commands resolved and compared; None for an engine flagtrial does not resolve."""
+    pair = await resolve_pair(target, engine, known_good, candidate, facts)
+    if pair is None:
+        return None
+    good, cand = pair
+    both = good.status == cand.status == "resolved"
+    return Prediction(
+        known_good=good, candidate=cand, diff=predicted_diff(good, cand, named) if both else None
+    )

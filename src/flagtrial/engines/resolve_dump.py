@@ -35,8 +35,10 @@ is "unresolved", never the engine's verdict.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import io
 import json
 import os
@@ -59,6 +61,7 @@ GPU_ONLY = (
     "vllm._flashmla_C",
     "vllm.vllm_flash_attn",
 )
+ARG_MODULES = {"sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils"}
 _STAND_IN_NOTE = "a stand-in for a GPU-only package absent here"
 _stood_in: list[str] = []
 _patched: list[str] = []
@@ -244,8 +247,6 @@ def resolve_sglang(argv: list[str]) -> dict[str, Any]:
 
 
 def resolve_vllm(argv: list[str]) -> dict[str, Any]:
-    import importlib
-
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -278,6 +279,10 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
             }
         ),
     }
+
+
+class _NoEngine(Exception):
+    """The engine does not import with this interpreter: nothing was resolved."""
 
 
 class _ParseError(Exception):
@@ -330,16 +335,25 @@ def main(argv: list[str]) -> int:
     os.environ.update(request.get("env") or {})
     began = time.monotonic()
     out: dict[str, Any]
+    declared = facts is not None and facts["platform"] in ("cuda", "rocm")
+    resolver = resolve_sglang if engine == "sglang" else resolve_vllm
     try:
-        if facts is not None and facts["platform"] in ("cuda", "rocm"):
-            sys.meta_path.append(_GpuOnlyFinder())
-            declare_torch(facts)
-            if engine == "sglang":
+        if importlib.util.find_spec(engine) is None:
+            raise _NoEngine(f"{engine} is not installed for this python")
+        try:  # the engine's argument module, as the server imports it first
+            if declared:
+                sys.meta_path.append(_GpuOnlyFinder())
+                declare_torch(facts)
+                if engine == "vllm":  # before any module binds vLLM's platform object
+                    declare_vllm(facts)
+            importlib.import_module(ARG_MODULES[engine])
+            if declared and engine == "sglang":
                 declare_sglang(facts)
-            else:
-                declare_vllm(facts)
-        resolver = resolve_sglang if engine == "sglang" else resolve_vllm
+        except Exception as e:
+            raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
         out = {"status": "resolved", **resolver(request["argv"])}
+    except _NoEngine as e:
+        out = {"status": "unresolved", "reason": str(e)[:500]}
     except _ParseError as e:
         out = {"status": "raised", "raised": {"type": "SystemExit", "message": str(e),
                                               "file": None, "line": None}}  # fmt: skip
