@@ -120,8 +120,9 @@ def _attr(module: str, attr: str) -> _StandIn:
 
 
 def _patch(owner: types.ModuleType, name: str, value: Any) -> None:
-    setattr(owner, name, value)
-    _patched.append(f"{owner.__name__}.{name}")
+    if getattr(owner, name, None) is not value:  # `torch.version.hip = None` on CUDA torch
+        setattr(owner, name, value)
+        _patched.append(f"{owner.__name__}.{name}")
 
 
 class _Props:
@@ -217,12 +218,9 @@ def declare_vllm(facts: dict[str, Any]) -> None:
             "is_fully_connected": classmethod(lambda cls, ids: True),
         },
     )
-    platforms._current_platform = declared()
-    _patched.extend(
-        f"vllm.platforms.current_platform.{n}"
-        for n in ("get_device_capability", "get_device_name", "get_device_total_memory",
-                  "device_count", "is_fully_connected")
-    )  # fmt: skip
+    # the class overrides exactly these: get_device_capability, get_device_name,
+    # get_device_total_memory, device_count, is_fully_connected
+    _patch(platforms, "_current_platform", declared())
 
 
 def _plain(value: Any) -> Any:
