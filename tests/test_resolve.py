@@ -255,9 +255,7 @@ def test_preflight_fails_on_sm90_and_predicts_the_changes_on_sm100(
     (tmp_path / "sm100").mkdir()
     refused = preflight(
         gpu_project(tmp_path / "sm90", sglang_bin, sglang_model, "9.0"),
-        "--add",
-        "--kv-cache-dtype",
-        "nvfp4",
+        "--add=--kv-cache-dtype=nvfp4",
     )
     assert refused.returncode == 4, refused.stdout + refused.stderr
     out = json.loads(refused.stdout)
@@ -270,9 +268,7 @@ def test_preflight_fails_on_sm90_and_predicts_the_changes_on_sm100(
 
     passed = preflight(
         gpu_project(tmp_path / "sm100", sglang_bin, sglang_model, "10.0"),
-        "--add",
-        "--kv-cache-dtype",
-        "nvfp4",
+        "--add=--kv-cache-dtype=nvfp4",
     )
     assert passed.returncode == 0, passed.stdout + passed.stderr
     diff = json.loads(passed.stdout)["resolution"]["diff"]

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from flagtrial.engines import pyrepr, resolve_dump
 from flagtrial.engines import sglang as sglang_engine
@@ -25,7 +25,7 @@ from flagtrial.engines.pyengine import _marked, host_python
 from flagtrial.facts import Facts, FactsDiff, Scalar, diff_facts
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.redact import is_secret_name
+from flagtrial.redact import MARK, Redactor, is_secret_name
 from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts, Target
 
@@ -114,6 +114,12 @@ class Resolution(BaseModel):
     # Whether `settings` is the whole resolved record (SGLang's resolved_dict), so that two
     # equal records mean the server behaves alike; vLLM's config line is a summary.
     complete: bool = False
+
+    @field_validator("settings")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Redacted as read, like the server's own report (Facts), so the two compare."""
+        return Redactor().data(v)
 
     def describe(self) -> str:
         if self.raised is not None:
@@ -244,8 +250,8 @@ def compare(predicted: Resolution, facts: Facts) -> tuple[int, list[str]]:
     the settings both name."""
     same, differ = 0, []
     for key, value in sorted(predicted.settings.items()):
-        if key not in facts.settings:
-            continue
+        if key not in facts.settings or facts.settings[key] == MARK:
+            continue  # not reported, or a secret (shown redacted, never compared)
         reported = facts.settings[key]
         if reported == value or pyrepr.scalar(repr(value)) == reported:
             same += 1
