@@ -63,14 +63,14 @@ def model_dir(root: Path, corpus: Path, name: str) -> Path:
     return folder
 
 
-def main(dev: Path, corpus_models: Path) -> None:
+def main(dev: Path) -> None:
     cases = [json.loads(line) for line in dev.read_text().splitlines() if line.strip()]
     cases = [c for c in cases if (c["engine"], c["version"]) in INSTALLED]
     results, seen = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             python = INSTALLED[(case["engine"], case["version"])]
-            folder = model_dir(Path(tmp), corpus_models, case["model"])
+            folder = model_dir(Path(tmp), dev, case["model"])
             command = [str(folder) if w == "MODEL" else w for w in case["command"]]
             env = {"SGLANG_USE_CPU_ENGINE": "1"} if case["host"]["platform"] == "cpu" else {}
             declared = facts(case["host"])
@@ -100,4 +100,4 @@ def main(dev: Path, corpus_models: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]))

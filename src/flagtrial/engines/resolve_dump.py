@@ -60,6 +60,7 @@ GPU_ONLY = (
     "vllm._moe_C",
     "vllm._flashmla_C",
     "vllm.vllm_flash_attn",
+    "aiter",
 )
 ARG_MODULES = {"sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils"}
 _STAND_IN_NOTE = "a stand-in for a GPU-only package absent here"
@@ -308,8 +309,9 @@ def _innermost(tb: Any, package: str) -> tuple[str | None, int | None]:
     return found
 
 
-def _ours(e: BaseException) -> str | None:
-    """Why a raise is the stand-ins' doing, not the engine's verdict; None if it is not."""
+def _ours(e: BaseException, declared: bool) -> str | None:
+    """Why a raise is the stand-ins' doing, not the engine's verdict; None if it is not. On
+    declared facts a missing module is one the GPU host has and this venv lacks."""
     text = f"{type(e).__name__}: {e}"
     chain = [e]
     while chain[-1].__cause__ or chain[-1].__context__:
@@ -322,7 +324,7 @@ def _ours(e: BaseException) -> str | None:
         "torch._C' has no attribute '_cuda",
         "GPU memory: not declared",
     )
-    if any(m in texts for m in markers):
+    if any(m in texts for m in markers) or (declared and isinstance(e, ModuleNotFoundError)):
         return f"the resolution needs what is not here ({text[:300]})"
     return None
 
@@ -356,7 +358,7 @@ def main(argv: list[str]) -> int:
         out = {"status": "raised", "raised": {"type": "SystemExit", "message": str(e),
                                               "file": None, "line": None}}  # fmt: skip
     except Exception as e:
-        why = _ours(e)
+        why = _ours(e, declared)
         if why is not None:
             out = {"status": "unresolved", "reason": why}
         else:
