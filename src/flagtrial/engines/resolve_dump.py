@@ -131,11 +131,23 @@ class _Props:
 
     def __init__(self, facts: dict[str, Any], name: str) -> None:
         self.name = name
-        self.major, self.minor = facts.get("compute_cap") or (0, 0)
+        self.major, self.minor = capability(facts)
         self.total_memory = int((facts.get("memory_mib") or 0) * (1 << 20))
         self.gcnArchName = facts.get("gfx") or ""
         self.multi_processor_count = 0
         self.is_integrated = False
+
+
+def capability(facts: dict[str, Any]) -> tuple[int, int]:
+    """The declared compute capability; on ROCm, without one, what HIP derives from the gfx
+    name (gfx<MAJOR><MINOR><STEPPING>: gfx942 -> 9.4, gfx90a -> 9.0, gfx1100 -> 11.0)."""
+    if facts.get("compute_cap"):
+        major, minor = facts["compute_cap"]
+        return int(major), int(minor)
+    digits = str(facts.get("gfx") or "").removeprefix("gfx")
+    if len(digits) in (3, 4) and digits[:-2].isdigit():
+        return int(digits[:-2]), int(digits[-2], 16)
+    return 0, 0
 
 
 def device_name(facts: dict[str, Any]) -> str:
@@ -152,7 +164,7 @@ def declare_torch(facts: dict[str, Any]) -> None:
     import torch
 
     count = int(facts.get("gpus") or 1)
-    cap = tuple(facts.get("compute_cap") or (0, 0))
+    cap = capability(facts)
     name = device_name(facts)
     memory = facts.get("memory_mib")
 
@@ -198,7 +210,7 @@ def declare_vllm(facts: dict[str, Any]) -> None:
         from vllm.platforms.rocm import RocmPlatform as base
     else:
         from vllm.platforms.cuda import NonNvmlCudaPlatform as base
-    cap = DeviceCapability(*(facts.get("compute_cap") or (0, 0)))
+    cap = DeviceCapability(*capability(facts))
     count = int(facts.get("gpus") or 1)
     name = device_name(facts)
     memory = facts.get("memory_mib")
