@@ -32,23 +32,26 @@ def facts(host: dict) -> ResolveFacts | None:  # type: ignore[type-arg]
     if host["platform"] == "cpu":
         return None
     cap = tuple(int(x) for x in host["sm"].split(".")) if host.get("sm") else None
-    return ResolveFacts(platform=host["platform"], compute_cap=cap, cuda=host.get("cuda"),
-                        gfx=host.get("gfx"), rocm=host.get("rocm"), gpus=host.get("gpus") or 1)
+    return ResolveFacts(
+        platform=host["platform"],
+        compute_cap=cap,
+        cuda=host.get("cuda"),
+        gfx=host.get("gfx"),
+        rocm=host.get("rocm"),
+        gpus=host.get("gpus") or 1,
+    )
 
 
 def without_edit(command: list[str], edit: dict) -> list[str]:  # type: ignore[type-arg]
-    out, skip = [], 0
-    for i, word in enumerate(command):
-        if skip:
-            skip -= 1
-            continue
+    """The known-good: the case's command without the edited flag (and its value)."""
+    out: list[str] = []
+    words = iter(command)
+    for word in words:
         if word == edit["flag"]:
-            skip = 0 if edit["value"] is None else 1
-            continue
-        if word.startswith(edit["flag"] + "="):
-            continue
-        out.append(word)
-        del i
+            if edit["value"] is not None:
+                next(words, None)
+        elif not word.startswith(edit["flag"] + "="):
+            out.append(word)
     return out
 
 
@@ -74,9 +77,16 @@ def main(dev: Path) -> None:
             command = [str(folder) if w == "MODEL" else w for w in case["command"]]
             env = {"SGLANG_USE_CPU_ENGINE": "1"} if case["host"]["platform"] == "cpu" else {}
             declared = facts(case["host"])
-            timed = []
+            timed: list[float] = []
 
-            def run(argv: list[str]) -> Resolution:
+            def run(
+                argv: list[str],
+                case: dict = case,
+                python: Path = python,  # type: ignore[type-arg]
+                declared: ResolveFacts | None = declared,
+                env: dict = env,  # type: ignore[type-arg]
+                timed: list[float] = timed,
+            ) -> Resolution:
                 key = json.dumps([case["engine"], argv, case["host"]])
                 if key not in seen:
                     began = time.monotonic()
@@ -86,14 +96,26 @@ def main(dev: Path) -> None:
 
             good = run(without_edit(command, case["edit"]))
             cand = run(command)
-            finding = GateFinding(engine=case["engine"], version=case["version"],
-                                  flag=case["edit"]["flag"], value=case["edit"]["value"],
-                                  host="", tp=1, outcome=Outcome.UNKNOWN, reason="")
+            finding = GateFinding(
+                engine=case["engine"],
+                version=case["version"],
+                flag=case["edit"]["flag"],
+                value=case["edit"]["value"],
+                host="",
+                tp=1,
+                outcome=Outcome.UNKNOWN,
+                reason="",
+            )
             said = combine([finding], good, cand)[0].outcome
             verdict = {Outcome.FAILS: "FAILS", Outcome.NO_OP: "NO-OP"}.get(said, "-")
-            row = {"id": case["id"], "expected": case["expected"], "resolution": verdict,
-                   "known_good": good.describe(), "candidate": cand.describe(),
-                   "seconds": timed}
+            row = {
+                "id": case["id"],
+                "expected": case["expected"],
+                "resolution": verdict,
+                "known_good": good.describe(),
+                "candidate": cand.describe(),
+                "seconds": timed,
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
     (HERE / "dev-results.json").write_text(json.dumps(results, indent=1) + "\n")
