@@ -17,12 +17,12 @@ import pytest
 
 from conftest import free_port
 from fixtures.engines.standin import write_project
-from flagtrial.cache import vllm_python
 from flagtrial.engines import resolve_dump
 from flagtrial.engines.resolve import Resolution, ResolveFacts, resolve_local
 from flagtrial.gates.model import GateFinding, Outcome
 from flagtrial.gates.preflight import combine
 from sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
+from vllm_fixtures import hf_model, vllm_bin  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -140,26 +140,27 @@ def test_declared_facts_replace_only_the_platform_queries_sglang(
     assert changed == patched
 
 
-def test_declared_facts_replace_only_the_platform_queries_vllm() -> None:
-    changed, patched = changed_by_declaring(vllm_python(), "vllm", SM90)
+def test_declared_facts_replace_only_the_platform_queries_vllm(
+    vllm_bin: Path,  # noqa: F811
+) -> None:
+    changed, patched = changed_by_declaring(vllm_bin, "vllm", SM90)
     assert patched == VLLM_PATCHED - {"torch.version.hip"}
     assert changed == patched
 
 
-def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value() -> None:
-    model = str(
-        Path(os.environ.get("FLAGTRIAL_CACHE", Path.home() / ".cache/flagtrial"))
-        / "models"
-        / "tiny-llama-hf"
-    )
-    on_cuda = resolve_local(vllm_python(), "vllm", ["serve", model], SM90)
+def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    model = str(hf_model)
+    on_cuda = resolve_local(vllm_bin, "vllm", ["serve", model], SM90)
     assert on_cuda.status == "resolved", on_cuda
-    on_cpu = resolve_local(vllm_python(), "vllm", ["serve", model, "--max-num-seqs", "0"])
+    on_cpu = resolve_local(vllm_bin, "vllm", ["serve", model, "--max-num-seqs", "0"])
     assert on_cpu.status == "raised"
     assert on_cpu.raised is not None
     assert "max_num_seqs" in on_cpu.raised.message
     assert on_cpu.raised.file is not None and on_cpu.raised.file.startswith("vllm/")
-    # the platform's own choices: CUDA's block size and the CPU build's differ
+    # the CUDA platform's own choices (the CPU build's block size is 128)
     assert on_cuda.settings["cache_config.block_size"] == 16
     assert on_cuda.settings["device_config"] == "cuda"
 
