@@ -10,6 +10,7 @@ server reports.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from flagtrial.cache import cache_root
 from flagtrial.engines import pyrepr, resolve_dump
 from flagtrial.engines import sglang as sglang_engine
 from flagtrial.engines import vllm as vllm_engine
@@ -196,23 +198,49 @@ async def resolve_command(
     return parse(engine, argv, facts, rc, text)
 
 
+def _local_key(python: Path, engine: str, request_text: str) -> str:
+    """What a local resolution depends on besides its request: this extractor, the engine's
+    installed distribution (its dist-info folder names the version), and the content of every
+    config.json the command names."""
+    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
+    dists = sorted(p.name for s in site for p in s.glob(f"{engine}*.dist-info"))
+    words = json.loads(request_text)["argv"]
+    configs = [Path(w) / "config.json" for w in words if (Path(w) / "config.json").is_file()]
+    parts = [_SOURCE, str(python), request_text, *dists, *(c.read_text() for c in configs)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
 def resolve_local(
     python: str | Path,
     engine: str,
     argv: list[str],
     facts: ResolveFacts | None = None,
     env: dict[str, str] | None = None,
+    *,
+    cached: bool = False,
 ) -> Resolution:
-    """The same on this machine, without a target (the gates evaluator, tests)."""
+    """The same on this machine, without a target (the gates evaluator, tests). `cached`:
+    reuse a resolution of the same request, engine build and model config (under
+    ~/.cache/flagtrial/resolve/), for repeated evaluations; a test resolves afresh."""
+    text = request(engine, argv, facts, env or {})
+    path = cache_root() / "resolve" / f"{_local_key(Path(python), engine, text)}.json"
+    if cached and path.exists():
+        return Resolution.model_validate_json(path.read_text())
     done = subprocess.run(
-        [str(python), "-c", _SOURCE, request(engine, argv, facts, env or {})],
+        [str(python), "-c", _SOURCE, text],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
         # the engine's own packages only: a PYTHONPATH set for flagtrial must not reach it
         env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
     )
-    return parse(engine, argv, facts, done.returncode, done.stdout + done.stderr)
+    got = parse(engine, argv, facts, done.returncode, done.stdout + done.stderr)
+    if cached and got.status != "unresolved":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(got.model_dump_json())
+        tmp.replace(path)
+    return got
 
 
 async def resolve_spec(
