@@ -121,7 +121,8 @@ class Resolution(BaseModel):
     @classmethod
     def _no_secrets(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
         """Redacted as read, like the server's own report (Facts), so the two compare."""
-        return Redactor().data(v)
+        redacted: dict[str, Scalar] = Redactor().data(v)
+        return redacted
 
     def describe(self) -> str:
         if self.raised is not None:
