@@ -17,6 +17,7 @@ from flagtrial import sourceread
 from flagtrial.demo import free_port
 from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
+from flagtrial.engines.resolve import compare, resolve_spec
 from flagtrial.engines.sglang import PARSER, parse_startup_log
 from flagtrial.load.client import build_prompt
 from flagtrial.load.workload import Workload
@@ -141,6 +142,21 @@ async def _flood(url: str, workload: Workload, n: int) -> tuple[float, float]:
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
     assert all(r.json()["usage"]["completion_tokens"] == workload.max_tokens for r in replies)
     return peaks[0], peaks[1]
+
+
+def test_the_resolution_before_the_restart_is_what_the_server_reports(
+    sglang_server: SglangServer,
+) -> None:
+    """The engine's own resolution of the server's command (engines/resolve.py, on this
+    host's own platform: nothing declared, nothing patched) against the running server's
+    /server_info."""
+    spec = asyncio.run(sglang_server.target.read_spec())
+    predicted = asyncio.run(resolve_spec(sglang_server.target, "sglang", spec, None))
+    assert predicted.status == "resolved", predicted
+    assert predicted.patched == [] and predicted.stood_in == []
+    same, differ = compare(predicted, sglang_server.facts())
+    assert differ == [], differ
+    assert same > 400  # the whole resolved record, as the server reports it
 
 
 def test_short_requests_run_at_most_max_running_requests(sglang_server: SglangServer) -> None:

@@ -340,6 +340,7 @@ def preflight(
 ) -> None:
     """Validate a change against the engine's own flags and show the candidate; deploys nothing."""
     from flagtrial.engines import GATED
+    from flagtrial.engines import resolve as resolving
     from flagtrial.gates import preflight as gating
     from flagtrial.gates.analyze import render_text
 
@@ -354,10 +355,21 @@ def preflight(
             checked = await session.preflight(spec, change)
             good = session.ledger.last_known_good(session.target.name)
             version = (good.facts or {}).get("version") if good else None
-            host = gating.gate_host(await session.target.host_facts(), session.project.gpu)
+            host_facts = await session.target.host_facts()
+            host = gating.gate_host(host_facts, session.project.gpu)
             findings = await gating.analyze(
                 session.engine.name, version, change, checked.candidate, host
             )
+            predicted = await resolving.predict(
+                session.target,
+                session.engine.name,
+                spec,
+                checked.candidate,
+                resolving.declared_facts(host_facts, session.project.gpu),
+                checked.named_settings,
+            )
+            if predicted is not None:
+                findings = gating.combine(findings, predicted.known_good, predicted.candidate)
             skipped = None
             if not findings and session.engine.name in GATED:
                 skipped = "source gate analysis skipped: " + (
@@ -366,7 +378,7 @@ def preflight(
                     else "engine version unknown (run `flagtrial facts` once)"
                 )
             diff = ui.secrets.diff(spec.text, checked.candidate.text, "known-good", "candidate")
-            passed = not gating.failing(findings)
+            passed = not gating.failing(findings) and not (predicted and predicted.refused)
             if json_out:
                 emit_json(
                     {
@@ -375,6 +387,7 @@ def preflight(
                         "notes": checked.notes,
                         "gates": [f.model_dump(mode="json") for f in findings],
                         "gates_skipped": skipped,
+                        "resolution": predicted.model_dump(mode="json") if predicted else None,
                         "diff": diff,
                     }
                 )
@@ -389,6 +402,8 @@ def preflight(
                     )
                 elif skipped:
                     ui.console.print(f"  {skipped}")
+                for line in predicted.lines() if predicted else []:
+                    ui.console.print(f"  {ui.secrets.text(line)}", markup=False, soft_wrap=True)
                 ui.console.print(printable(diff), markup=False)
             if not passed:
                 raise GateError("preflight failed: a change fails at startup on this GPU")

@@ -7,8 +7,9 @@ from functools import partial
 from typing import Any
 
 from flagtrial.engines import ENGINES, GATED
+from flagtrial.engines.resolve import Resolution
 from flagtrial.gates.analyze import analyze_change
-from flagtrial.gates.model import GateFinding, GateHost, Outcome
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
 from flagtrial.launch.spec import LaunchSpec
@@ -76,3 +77,57 @@ def reasons(findings: list[GateFinding]) -> list[Reason]:
         for f in findings
         if f.outcome in (Outcome.NO_OP, Outcome.FAILS)
     ]
+
+
+def combine(
+    findings: list[GateFinding],
+    resolution_known_good: Resolution | None,
+    resolution_candidate: Resolution | None,
+) -> list[GateFinding]:
+    """The static findings, corrected by the engine's own resolution of both commands (None,
+    or "unresolved": the findings stand).
+
+    - The candidate raises where the known-good does not: every edit FAILS AT STARTUP, with
+      the engine's message and its file:line (the raise is the command's, not one edit's).
+    - Both raise: the known-good already fails, so the edit is not what fails; findings stand.
+    - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
+      configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
+    - Otherwise the findings stand: a resolved difference does not show a read that acts."""
+    good, cand = resolution_known_good, resolution_candidate
+    if good is None or cand is None or "unresolved" in (good.status, cand.status):
+        return findings
+    if cand.raised is not None and good.raised is None:
+        raised = cand.raised
+        evidence = Evidence(
+            role="raise",
+            file=raised.file,
+            line=raised.line,
+            code=f"{raised.type}: {raised.message.strip().splitlines()[0]}"[:300],
+            note=f"the engine's own resolution of the candidate ({cand.facts})",
+        )
+        reason = f"the engine's own argument resolution refuses the command: {raised.describe()}"
+        return [
+            f.model_copy(
+                update={
+                    "outcome": Outcome.FAILS,
+                    "reason": reason,
+                    "evidence": [evidence, *f.evidence],
+                }
+            )
+            for f in findings
+        ]
+    if good.raised is None and good.complete and cand.complete and good.settings == cand.settings:
+        note = Evidence(
+            role="note",
+            note=f"the engine resolves both commands to the same settings ({cand.facts})",
+        )
+        reason = "the engine's own resolution gives the same settings with and without it"
+        return [
+            f.model_copy(
+                update={"outcome": Outcome.NO_OP, "reason": reason, "evidence": [note, *f.evidence]}
+            )
+            if f.outcome in (Outcome.ACTIVE, Outcome.UNKNOWN)
+            else f
+            for f in findings
+        ]
+    return findings

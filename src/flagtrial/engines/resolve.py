@@ -1,0 +1,340 @@
+"""The engine's own argument resolution, before the restart: what the server will resolve a
+command to, or the raise it will refuse it with (resolve_dump.py runs on the engine's host).
+
+`resolve_command` resolves one command with the interpreter the server runs under, on the
+host's own GPUs, or on declared GPU facts where the host has none it can report
+(`ResolveFacts`). Known-good against candidate, the resolved settings are the predicted
+implicit changes (`predicted_diff`); after the restart `compare` holds them against what the
+server reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from flagtrial.cache import cache_root
+from flagtrial.engines import pyrepr, resolve_dump
+from flagtrial.engines import sglang as sglang_engine
+from flagtrial.engines import vllm as vllm_engine
+from flagtrial.engines.pyengine import _marked, host_python
+from flagtrial.facts import Facts, FactsDiff, Scalar, diff_facts
+from flagtrial.gates.model import GateHost
+from flagtrial.launch.spec import LaunchSpec
+from flagtrial.redact import MARK, Redactor, is_secret_name
+from flagtrial.settings import DeclaredGpu
+from flagtrial.targets.base import HostFacts, Target
+
+ENGINES = ("sglang", "vllm")
+_SOURCE = Path(resolve_dump.__file__).read_text()
+# Importing the engine (torch, its configs) takes most of it; 2 busy cores: up to a minute.
+TIMEOUT_S = 300.0
+
+
+class ResolveFacts(BaseModel):
+    """Declared GPU facts, answering the engine's platform query (resolve_dump.py lists what
+    it patches). None anywhere the host's GPUs answer for themselves."""
+
+    platform: Literal["cuda", "rocm"] = "cuda"
+    compute_cap: tuple[int, int] | None = None
+    cuda: str | None = None
+    gfx: str | None = None
+    rocm: str | None = None
+    gpus: int = 1
+    memory_mib: float | None = None
+    name: str | None = None
+
+    @classmethod
+    def from_gate_host(cls, host: GateHost) -> ResolveFacts | None:
+        """From a gate host (the analysis' and the evaluator's); None for a CPU host."""
+        platform = getattr(host, "platform", "cuda")
+        if platform not in ("cuda", "rocm"):
+            return None
+        cuda = ".".join(map(str, host.cuda_version)) if host.cuda_version else None
+        rocm = getattr(host, "rocm_version", None)
+        return cls(
+            platform=platform,
+            compute_cap=host.compute_cap,
+            cuda=cuda,
+            gfx=getattr(host, "gfx", None),
+            rocm=".".join(map(str, rocm)) if rocm else None,
+            gpus=host.gpu_count or 1,
+            name=host.gpu_name,
+        )
+
+    def describe(self) -> str:
+        if self.platform == "rocm":
+            gpu = self.gfx or "AMD GPU"
+            return f"declared {gpu}, ROCm {self.rocm or 'unknown'}, {self.gpus} GPU(s)"
+        cap = "SM{}{}".format(*self.compute_cap) if self.compute_cap else "unknown SM"
+        return f"declared {cap}, CUDA {self.cuda or 'unknown'}, {self.gpus} GPU(s)"
+
+
+def declared_facts(host: HostFacts, declared: DeclaredGpu) -> ResolveFacts | None:
+    """Declared facts only where the host reports no GPU and the project declares one; the
+    host's own GPUs (or its CPU) answer otherwise."""
+    if host.gpus or not declared.compute_cap:
+        return None
+    gate = GateHost.sm(declared.compute_cap.replace(".", ""), cuda=declared.cuda,
+                       gpus=declared.count)  # fmt: skip
+    return ResolveFacts.from_gate_host(gate)
+
+
+class Raised(BaseModel):
+    type: str
+    message: str
+    file: str | None = None  # the innermost frame in the engine's package, from its top
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else ""
+
+    def describe(self) -> str:
+        at = f" ({self.where})" if self.file else ""
+        return f"{self.type}: {self.message.strip().splitlines()[0]}{at}"
+
+
+class Resolution(BaseModel):
+    """One command resolved: its settings, the engine's raise, or why it could not run."""
+
+    engine: str
+    status: Literal["resolved", "raised", "unresolved"]
+    settings: dict[str, Scalar] = Field(default_factory=dict)
+    raised: Raised | None = None
+    reason: str | None = None
+    facts: str = "the host's own GPUs"
+    patched: list[str] = Field(default_factory=list)
+    stood_in: list[str] = Field(default_factory=list)
+    seconds: float | None = None
+    # Whether `settings` is the whole resolved record (SGLang's resolved_dict), so that two
+    # equal records mean the server behaves alike; vLLM's config line is a summary.
+    complete: bool = False
+
+    @field_validator("settings")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Redacted as read, like the server's own report (Facts), so the two compare."""
+        redacted: dict[str, Scalar] = Redactor().data(v)
+        return redacted
+
+    def describe(self) -> str:
+        if self.raised is not None:
+            return f"FAILS AT STARTUP: {self.raised.describe()}"
+        if self.status == "unresolved":
+            return f"not resolved: {self.reason}"
+        return f"resolved ({len(self.settings)} settings)"
+
+
+def request(engine: str, argv: list[str], facts: ResolveFacts | None, env: dict[str, str]) -> str:
+    """resolve_dump's REQUEST; secret-named variables stay out of the command line."""
+    plain = {k: v for k, v in env.items() if not is_secret_name(k)}
+    return json.dumps(
+        {
+            "engine": engine,
+            "argv": argv,
+            "env": plain,
+            "facts": None if facts is None else facts.model_dump(),
+        }
+    )
+
+
+def _settings(engine: str, argv: list[str], out: dict[str, Any]) -> dict[str, Scalar]:
+    """The engine's resolved record as settings, keyed as its server reports them."""
+    if engine == "sglang":
+        settings = sglang_engine.flatten(out.get("settings") or {})
+        # Drawn afresh at every start unless given: not a setting of the command.
+        for key, flag in sglang_engine._DRAWN_AT_START.items():
+            if not any(word.split("=")[0] == flag for word in argv):
+                settings.pop(key, None)
+        return settings
+    settings = pyrepr.parse_kwargs(out.get("config_line") or "")
+    settings.update(vllm_engine.flatten(out.get("settings") or {}))
+    return settings
+
+
+def parse(
+    engine: str, argv: list[str], facts: ResolveFacts | None, rc: int, text: str
+) -> Resolution:
+    out = _marked(text, resolve_dump.MARK)
+    where = "the host's own GPUs" if facts is None else facts.describe()
+    if out is None:
+        tail = " | ".join(text.strip().splitlines()[-3:])[-400:]
+        return Resolution(engine=engine, status="unresolved", facts=where,
+                          reason=f"the resolution did not run (exit {rc}): {tail}")  # fmt: skip
+    raised = out.get("raised")
+    return Resolution(
+        engine=engine,
+        status=out["status"],
+        settings=_settings(engine, argv, out) if out["status"] == "resolved" else {},
+        raised=Raised.model_validate(raised) if raised else None,
+        reason=out.get("reason"),
+        facts=where,
+        patched=out.get("patched") or [],
+        stood_in=out.get("stood_in") or [],
+        seconds=out.get("seconds"),
+        complete=engine == "sglang",
+    )
+
+
+async def resolve_command(
+    target: Target,
+    engine: str,
+    python: str,
+    argv: list[str],
+    facts: ResolveFacts | None = None,
+    env: dict[str, str] | None = None,
+) -> Resolution:
+    """Resolve `argv` (the server's arguments, program words left out) on the target's host
+    with `python`, the interpreter the server runs under."""
+    rc, text = await target.run(
+        [python, "-c", _SOURCE, request(engine, argv, facts, env or {})], timeout_s=TIMEOUT_S
+    )
+    return parse(engine, argv, facts, rc, text)
+
+
+def _local_key(python: Path, engine: str, request_text: str) -> str:
+    """What a local resolution depends on besides its request: this extractor, the engine's
+    installed distribution (its dist-info folder names the version), and the content of every
+    config.json the command names."""
+    site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
+    dists = sorted(p.name for s in site for p in s.glob(f"{engine}*.dist-info"))
+    words = json.loads(request_text)["argv"]
+    configs = [Path(w) / "config.json" for w in words if (Path(w) / "config.json").is_file()]
+    parts = [_SOURCE, str(python), request_text, *dists, *(c.read_text() for c in configs)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def resolve_local(
+    python: str | Path,
+    engine: str,
+    argv: list[str],
+    facts: ResolveFacts | None = None,
+    env: dict[str, str] | None = None,
+    *,
+    cached: bool = False,
+) -> Resolution:
+    """The same on this machine, without a target (the gates evaluator, tests). `cached`:
+    reuse a resolution of the same request, engine build and model config (under
+    ~/.cache/flagtrial/resolve/), for repeated evaluations; a test resolves afresh."""
+    text = request(engine, argv, facts, env or {})
+    path = cache_root() / "resolve" / f"{_local_key(Path(python), engine, text)}.json"
+    if cached and path.exists():
+        return Resolution.model_validate_json(path.read_text())
+    done = subprocess.run(
+        [str(python), "-c", _SOURCE, text],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        # the engine's own packages only: a PYTHONPATH set for flagtrial must not reach it
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
+    )
+    got = parse(engine, argv, facts, done.returncode, done.stdout + done.stderr)
+    if cached and got.status != "unresolved":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(got.model_dump_json())
+        tmp.replace(path)
+    return got
+
+
+async def resolve_spec(
+    target: Target, engine: str, spec: LaunchSpec, facts: ResolveFacts | None
+) -> Resolution:
+    """A launch spec's command resolved with its own interpreter and environment."""
+    return await resolve_command(
+        target, engine, host_python(spec.program), spec.argv[spec.program_words :], facts,
+        spec.env,
+    )  # fmt: skip
+
+
+async def resolve_pair(
+    target: Target, engine: str, known_good: LaunchSpec, candidate: LaunchSpec,
+    facts: ResolveFacts | None,
+) -> tuple[Resolution, Resolution] | None:  # fmt: skip
+    """Known-good and candidate resolved, one after the other (each loads the engine: two at
+    once would double the memory); None for an engine flagtrial does not resolve."""
+    if engine not in ENGINES:
+        return None
+    good = await resolve_spec(target, engine, known_good, facts)
+    return good, await resolve_spec(target, engine, candidate, facts)
+
+
+def predicted_diff(known_good: Resolution, candidate: Resolution, named: set[str]) -> FactsDiff:
+    """What the restart will change, as the engine resolves both commands: the settings the
+    change names (explicit) and those it changes on its own (implicit)."""
+    before = Facts(engine=known_good.engine, settings=known_good.settings)
+    after = Facts(engine=candidate.engine, settings=candidate.settings)
+    return diff_facts(before, after, named)
+
+
+def compare(predicted: Resolution, facts: Facts) -> tuple[int, list[str]]:
+    """(settings the server reports as predicted, one line per one it reports otherwise), over
+    the settings both name."""
+    same, differ = 0, []
+    for key, value in sorted(predicted.settings.items()):
+        if key not in facts.settings or facts.settings[key] == MARK:
+            continue  # not reported, or a secret (shown redacted, never compared)
+        reported = facts.settings[key]
+        if reported == value or pyrepr.scalar(repr(value)) == reported:
+            same += 1
+        else:
+            differ.append(f"{key}: predicted {value!r}, the server reports {reported!r}")
+    return same, differ
+
+
+class Prediction(BaseModel):
+    """Known-good and candidate resolved on one host, and what the restart will change."""
+
+    known_good: Resolution
+    candidate: Resolution
+    diff: FactsDiff | None  # None where either side did not resolve
+
+    @property
+    def refused(self) -> bool:
+        """The candidate raises where the known-good does not: it fails at startup."""
+        return self.candidate.raised is not None and self.known_good.raised is None
+
+    def lines(self) -> list[str]:
+        """What preflight shows."""
+        out = [
+            f"engine's own resolution ({self.candidate.facts}):",
+            f"  known-good: {self.known_good.describe()}",
+            f"  candidate: {self.candidate.describe()}",
+        ]
+        if self.diff is not None:
+            changes = self.diff.implicit
+            out.append(f"  predicted implicit changes: {len(changes) or 'none'}")
+            out += [f"    {c.describe()}" for c in changes]
+            out += [f"  the change sets: {c.describe()}" for c in self.diff.explicit]
+        if self.candidate.stood_in:
+            out.append(
+                f"  (stand-ins for {len(self.candidate.stood_in)} GPU-only modules absent here; "
+                f"patched platform queries: {', '.join(self.candidate.patched)})"
+            )
+        return out
+
+
+async def predict(
+    target: Target,
+    engine: str,
+    known_good: LaunchSpec,
+    candidate: LaunchSpec,
+    facts: ResolveFacts | None,
+    named: set[str],
+) -> Prediction | None:
+    """Both commands resolved and compared; None for an engine flagtrial does not resolve."""
+    pair = await resolve_pair(target, engine, known_good, candidate, facts)
+    if pair is None:
+        return None
+    good, cand = pair
+    both = good.status == cand.status == "resolved"
+    return Prediction(
+        known_good=good, candidate=cand, diff=predicted_diff(good, cand, named) if both else None
+    )

@@ -1,0 +1,390 @@
+"""The engine's own argument resolution for one command, run in the engine's python.
+
+flagtrial runs this file on the engine's host with the engine's interpreter
+(`python -c SOURCE REQUEST`), like parser_dump.py: only the standard library is imported
+here, the engine by the resolver below. REQUEST is JSON: {"engine", "argv" (the flags, as the
+server gets them), "env" (the unit's environment), "facts" (null: the host's own GPUs, as the
+engine queries them; else declared GPU facts)}. It prints one marked JSON line:
+{"status": "resolved", "settings": ...} | {"status": "raised", "raised": {type, message, file,
+line}} | {"status": "unresolved", "reason"}; with "patched" (the platform queries answered
+from declared facts) and "stood_in" (absent GPU-only packages imported as stand-ins).
+
+What runs is what the server runs at start before it loads weights:
+- SGLang 0.5.23 (`sglang serve` / launch_server.py, srt/entrypoints/engine.py
+  `_launch_subprocesses`): load_plugins, prepare_server_args (the parser only: it returns the
+  raw record), resolve_once (the whole resolution pipeline, srt/arg_groups/pipeline.py),
+  check_server_args, resolve_auto_parsers. Left out: `_set_envs_and_config` (process
+  environment, signal handlers, package-version asserts), port allocation.
+  Before 0.5.23's resolve_once, ServerArgs.__post_init__ resolved inside prepare_server_args.
+- vLLM (`vllm serve`, entrypoints/cli/serve.py and launchers/api_server/entry.py):
+  make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs.from_cli_args,
+  create_engine_config (every config and the platform's check_and_update_config; it reads
+  the model's config.json, loads no weights and allocates no memory).
+
+Declared facts replace the platform query and nothing else: torch's device queries
+(`torch.cuda.is_available`, `device_count`, `get_device_capability`, `get_device_name`,
+`get_device_properties`, `mem_get_info`), `torch.version.cuda` / `.hip`, and for vLLM its
+platform object (vllm.platforms._current_platform: the engine's CUDA or ROCm class with its
+device-query classmethods answered from the facts). GPU memory is a declared fact too; when
+none is declared, SGLang's memory query (`get_device_memory_capacity`) answers None, its own
+"memory unknown" path, and vLLM's `get_device_total_memory` raises, which its batch defaults
+treat as unknown. A raise the stand-ins cause (a CUDA call on CPU torch, a stand-in kernel)
+is "unresolved", never the engine's verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import json
+import os
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+MARK = "flagtrial-resolve"
+# Packages a GPU build of the engine installs and a CPU venv lacks: imported as stand-ins when
+# absent (a finder after every real one), so the engine's modules import as on the GPU host.
+GPU_ONLY = (
+    "sgl_kernel",
+    "flashinfer",
+    "deep_gemm",
+    "flash_attn",
+    "vllm._C_stable_libtorch",
+    "vllm._moe_C",
+    "vllm._flashmla_C",
+    "vllm.vllm_flash_attn",
+    "aiter",
+)
+ARG_MODULES = {"sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_utils"}
+_STAND_IN_NOTE = "a stand-in for a GPU-only package absent here"
+_stood_in: list[str] = []
+_patched: list[str] = []
+
+
+class _StandIn:
+    """Any attribute, call or base class: what import-time code does with a kernel module."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> _StandIn:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _StandIn(f"{self._name}.{attr}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # used as a decorator
+        return _StandIn(f"{self._name}()")
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (object,)
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<{_STAND_IN_NOTE}: {self._name}>"
+
+
+class _GpuOnlyFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if any(name == p or name.startswith(p + ".") for p in GPU_ONLY):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = types.ModuleType(spec.name, _STAND_IN_NOTE)
+        module.__path__ = []
+        module.__getattr__ = lambda attr: _attr(spec.name, attr)  # type: ignore[method-assign]
+        _stood_in.append(spec.name)
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def _attr(module: str, attr: str) -> _StandIn:
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return _StandIn(f"{module}.{attr}")
+
+
+def _patch(owner: types.ModuleType, name: str, value: Any) -> None:
+    if getattr(owner, name, None) is not value:  # `torch.version.hip = None` on CUDA torch
+        setattr(owner, name, value)
+        _patched.append(f"{owner.__name__}.{name}")
+
+
+class _Props:
+    """torch.cuda.get_device_properties' answer, from the declared facts."""
+
+    def __init__(self, facts: dict[str, Any], name: str) -> None:
+        self.name = name
+        self.major, self.minor = capability(facts)
+        self.total_memory = int((facts.get("memory_mib") or 0) * (1 << 20))
+        self.gcnArchName = facts.get("gfx") or ""
+        self.multi_processor_count = 0
+        self.is_integrated = False
+
+
+def capability(facts: dict[str, Any]) -> tuple[int, int]:
+    """The declared compute capability; on ROCm, without one, what HIP derives from the gfx
+    name (gfx<MAJOR><MINOR><STEPPING>: gfx942 -> 9.4, gfx90a -> 9.0, gfx1100 -> 11.0)."""
+    if facts.get("compute_cap"):
+        major, minor = facts["compute_cap"]
+        return int(major), int(minor)
+    digits = str(facts.get("gfx") or "").removeprefix("gfx")
+    if len(digits) in (3, 4) and digits[:-2].isdigit():
+        return int(digits[:-2]), int(digits[-2], 16)
+    return 0, 0
+
+
+def device_name(facts: dict[str, Any]) -> str:
+    if facts.get("name"):
+        return str(facts["name"])
+    if facts["platform"] == "rocm":
+        return f"AMD GPU {facts.get('gfx') or ''} (declared)".replace("  ", " ")
+    major, minor = facts.get("compute_cap") or (0, 0)
+    return f"NVIDIA GPU sm_{major}{minor} (declared)"
+
+
+def declare_torch(facts: dict[str, Any]) -> None:
+    """torch's device queries answered from the facts (CUDA or ROCm)."""
+    import torch
+
+    count = int(facts.get("gpus") or 1)
+    cap = capability(facts)
+    name = device_name(facts)
+    memory = facts.get("memory_mib")
+
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        if memory is None:
+            raise RuntimeError("GPU memory: not declared")
+        return int(memory * (1 << 20)), int(memory * (1 << 20))
+
+    cuda = torch.cuda
+    _patch(cuda, "is_available", lambda: True)
+    _patch(cuda, "device_count", lambda: count)
+    _patch(cuda, "get_device_capability", lambda device=None: cap)
+    _patch(cuda, "get_device_name", lambda device=None: name)
+    props = _Props(facts, name)
+    _patch(cuda, "get_device_properties", lambda device=None: props)
+    _patch(cuda, "mem_get_info", mem_get_info)
+    if facts["platform"] == "rocm":
+        _patch(torch.version, "cuda", None)
+        _patch(torch.version, "hip", str(facts.get("rocm") or "6.3"))
+    else:
+        _patch(torch.version, "cuda", str(facts.get("cuda") or "12.8"))
+        _patch(torch.version, "hip", None)
+
+
+def declare_sglang(facts: dict[str, Any]) -> None:
+    if facts.get("memory_mib") is None:
+        from sglang.srt.utils import common
+
+        original = common.get_device_memory_capacity
+        unknown = lambda device=None: None  # noqa: E731
+        # the function and its copies already bound by `from ... import`
+        for module in [common] + [m for m in list(sys.modules.values()) if m is not common]:
+            if getattr(module, "get_device_memory_capacity", None) is original:
+                _patch(module, "get_device_memory_capacity", unknown)
+
+
+def declare_vllm(facts: dict[str, Any]) -> None:
+    """vLLM's platform object: its own CUDA or ROCm class, device queries from the facts."""
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability
+
+    if facts["platform"] == "rocm":
+        from vllm.platforms.rocm import RocmPlatform as base
+    else:
+        from vllm.platforms.cuda import NonNvmlCudaPlatform as base
+    cap = DeviceCapability(*capability(facts))
+    count = int(facts.get("gpus") or 1)
+    name = device_name(facts)
+    memory = facts.get("memory_mib")
+
+    def total_memory(cls: Any, device_id: int = 0) -> int:
+        if memory is None:
+            raise RuntimeError("GPU memory: not declared")
+        return int(memory * (1 << 20))
+
+    declared = type(
+        "Declared" + base.__name__,
+        (base,),
+        {
+            "get_device_capability": classmethod(lambda cls, device_id=0: cap),
+            "get_device_name": classmethod(lambda cls, device_id=0: name),
+            "get_device_total_memory": classmethod(total_memory),
+            "device_count": classmethod(lambda cls: count),
+            "is_fully_connected": classmethod(lambda cls, ids: True),
+        },
+    )
+    # the class overrides exactly these: get_device_capability, get_device_name,
+    # get_device_total_memory, device_count, is_fully_connected
+    _patch(platforms, "_current_platform", declared())
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=repr))
+
+
+def resolve_sglang(argv: list[str]) -> dict[str, Any]:
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    args = _parsed(lambda: prepare_server_args(argv))
+    if hasattr(args, "resolve_once"):
+        args.resolve_once()
+    args.check_server_args()
+    with contextlib.suppress(ImportError):
+        from sglang.srt.parser.template_detection import resolve_auto_parsers
+
+        resolve_auto_parsers(args)
+    settings = args.resolved_dict() if hasattr(args, "resolved_dict") else vars(args)
+    return {"settings": _plain(settings)}
+
+
+def resolve_vllm(argv: list[str]) -> dict[str, Any]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli = None
+    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        with contextlib.suppress(ModuleNotFoundError):
+            cli = importlib.import_module(name)
+            break
+    assert cli is not None, "no vLLM serve parser module"
+    words = argv[1:] if argv[:1] == ["serve"] else argv
+    args = _parsed(lambda: cli.make_arg_parser(FlexibleArgumentParser()).parse_args(words))
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag
+    cli.validate_parsed_serve_args(args)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    scheduler, cache = config.scheduler_config, config.cache_config
+    # The API server's own arguments (not engine arguments) as it parsed them.
+    frontend = {f"frontend.{k}": v for k, v in vars(args).items() if not hasattr(engine_args, k)}
+    return {
+        "config_line": str(config),
+        "settings": _plain(
+            {
+                "scheduler_config.max_num_seqs": scheduler.max_num_seqs,
+                "scheduler_config.max_num_batched_tokens": scheduler.max_num_batched_tokens,
+                "cache_config.block_size": cache.block_size,
+                "cache_config.cache_dtype": str(cache.cache_dtype),
+                **frontend,
+            }
+        ),
+    }
+
+
+class _NoEngine(Exception):
+    """The engine does not import with this interpreter: nothing was resolved."""
+
+
+class _ParseError(Exception):
+    """argparse refused the command (it exits): its own message."""
+
+
+def _parsed(parse: Any) -> Any:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parse()
+    except SystemExit as e:
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        raise _ParseError(lines[-1] if lines else f"the parser exited ({e.code})") from None
+
+
+def _innermost(tb: Any, package: str) -> tuple[str | None, int | None]:
+    """file:line of the innermost frame inside the engine's package (path from the package)."""
+    found: tuple[str | None, int | None] = (None, None)
+    for frame in traceback.extract_tb(tb):
+        parts = frame.filename.replace("\\", "/").split("/")
+        if package in parts[:-1]:
+            at = len(parts) - 1 - parts[::-1].index(package)
+            found = ("/".join(parts[at:]), frame.lineno)
+    return found
+
+
+def _ours(e: BaseException, declared: bool) -> str | None:
+    """Why a raise is the stand-ins' doing, not the engine's verdict; None if it is not. On
+    declared facts a missing module is one the GPU host has and this venv lacks."""
+    text = f"{type(e).__name__}: {e}"
+    chain = [e]
+    while chain[-1].__cause__ or chain[-1].__context__:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)  # type: ignore[arg-type]
+    texts = " | ".join(f"{type(x).__name__}: {x}" for x in chain)
+    markers = (
+        _STAND_IN_NOTE,
+        "_StandIn",
+        "not compiled with CUDA",
+        "torch._C' has no attribute '_cuda",
+        "GPU memory: not declared",
+    )
+    if any(m in texts for m in markers) or (declared and isinstance(e, ModuleNotFoundError)):
+        return f"the resolution needs what is not here ({text[:300]})"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(argv[0])
+    engine, facts = request["engine"], request.get("facts")
+    os.environ.update(request.get("env") or {})
+    began = time.monotonic()
+    out: dict[str, Any]
+    declared = facts is not None and facts["platform"] in ("cuda", "rocm")
+    resolver = resolve_sglang if engine == "sglang" else resolve_vllm
+    try:
+        if importlib.util.find_spec(engine) is None:
+            raise _NoEngine(f"{engine} is not installed for this python")
+        try:  # the engine's argument module, as the server imports it first
+            if declared:
+                sys.meta_path.append(_GpuOnlyFinder())
+                declare_torch(facts)
+                if engine == "vllm":  # before any module binds vLLM's platform object
+                    declare_vllm(facts)
+            importlib.import_module(ARG_MODULES[engine])
+            if declared and engine == "sglang":
+                declare_sglang(facts)
+        except Exception as e:
+            raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
+        out = {"status": "resolved", **resolver(request["argv"])}
+    except _NoEngine as e:
+        out = {"status": "unresolved", "reason": str(e)[:500]}
+    except _ParseError as e:
+        out = {"status": "raised", "raised": {"type": "SystemExit", "message": str(e),
+                                              "file": None, "line": None}}  # fmt: skip
+    except Exception as e:
+        why = _ours(e, declared)
+        if why is not None:
+            out = {"status": "unresolved", "reason": why}
+        else:
+            file, line = _innermost(e.__traceback__, engine)
+            message = str(e) or repr(e)
+            out = {"status": "raised", "raised": {"type": type(e).__name__,
+                                                  "message": message[:2000], "file": file,
+                                                  "line": line}}  # fmt: skip
+    out.update(patched=_patched, stood_in=sorted(set(_stood_in)),
+               seconds=round(time.monotonic() - began, 2))  # fmt: skip
+    sys.stdout.flush()
+    print("\n" + MARK + " " + json.dumps(out, default=repr), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,280 @@
+"""The engine's own argument resolution (engines/resolve.py, resolve_dump.py) against the real
+installed engines: SGLang 0.5.23 on torch CPU and vLLM CPU 0.32.0 (tests/sglang_fixtures.py,
+scripts/install-*.sh). Declared GPU facts stand in for the platform query only; nothing else
+of the engine is replaced. No server starts here (preflight starts none); the comparison with
+a real server's report is in test_sglang_real.py, on its shared server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port
+from fixtures.engines.standin import write_project
+from flagtrial.engines import resolve_dump
+from flagtrial.engines.resolve import Resolution, ResolveFacts, resolve_local
+from flagtrial.gates.model import GateFinding, Outcome
+from flagtrial.gates.preflight import combine
+from sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
+from vllm_fixtures import hf_model, vllm_bin  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+SM90 = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=1)
+SM100 = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=1)
+NVFP4 = ["--kv-cache-dtype", "nvfp4"]
+# SGLang 0.5.23 srt/arg_groups/kv_cache_hook.py handle_kv4_compatibility
+REFUSAL = "--kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120"
+
+
+def site_file(python: Path, relative: str) -> Path:
+    lib = next((python.parent.parent / "lib").glob("python3*"))
+    return lib / "site-packages" / relative
+
+
+def test_sglang_refuses_nvfp4_on_sm90_with_its_message_and_line(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    got = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model), *NVFP4], SM90)
+    assert got.status == "raised", got
+    assert got.raised is not None
+    assert got.raised.type == "RuntimeError"
+    assert got.raised.message.startswith(REFUSAL)
+    assert got.raised.file == "sglang/srt/arg_groups/kv_cache_hook.py"
+    # the innermost frame in the engine's package: the raise itself
+    source = site_file(sglang_bin, got.raised.file).read_text().splitlines()
+    assert source[got.raised.line - 1].strip().startswith("raise RuntimeError(")
+    # nothing of the engine ran on the stand-ins' account
+    assert "torch.cuda.get_device_capability" in got.patched
+
+
+def test_the_same_command_resolves_on_sm100(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    got = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model), *NVFP4], SM100)
+    assert got.status == "resolved", got
+    assert got.settings["kv_cache_dtype"] == "nvfp4"
+    # the decode backend the nvfp4 hook picks on Blackwell, never asked for
+    assert got.settings["decode_attention_backend"] == "trtllm_mha"
+    assert got.settings["device"] == "cuda"
+
+
+# The platform queries resolve_dump answers from declared facts, and nothing else.
+SGLANG_PATCHED = {
+    "torch.cuda.is_available",
+    "torch.cuda.device_count",
+    "torch.cuda.get_device_capability",
+    "torch.cuda.get_device_name",
+    "torch.cuda.get_device_properties",
+    "torch.cuda.mem_get_info",
+    "torch.version.cuda",
+    "torch.version.hip",
+}
+VLLM_PATCHED = SGLANG_PATCHED | {"vllm.platforms._current_platform"}
+# In the engine's python: every attribute of every loaded module, before and after the
+# declared facts go in (the engine's modules imported first, as at a real resolution).
+_CHECK = """
+import importlib, json, sys
+scope = {"__name__": "resolve_dump"}
+exec(sys.argv[1], scope)
+facts, engine = json.loads(sys.argv[2]), sys.argv[3]
+sys.meta_path.append(scope["_GpuOnlyFinder"]())
+import torch
+importlib.import_module(scope["ARG_MODULES"][engine])
+if engine == "vllm":
+    import vllm.platforms, vllm.platforms.cuda
+    vllm.platforms.current_platform  # the host's, then replaced
+
+
+def snapshot():
+    return {f"{name}.{attr}": id(value)
+            for name, module in list(sys.modules.items())
+            for attr, value in list(getattr(module, "__dict__", {}).items())}
+
+
+before = snapshot()
+scope["declare_torch"](facts)
+(scope["declare_sglang"] if engine == "sglang" else scope["declare_vllm"])(facts)
+after = snapshot()
+changed = sorted(k for k in after if k in before and after[k] != before[k])
+print("\\nflagtrial-check " + json.dumps({"changed": changed, "patched": scope["_patched"]}))
+"""
+
+
+def changed_by_declaring(
+    python: Path, engine: str, facts: ResolveFacts
+) -> tuple[set[str], set[str]]:
+    """(attributes of loaded modules the declaration changed, what it reports it patched)."""
+    source = Path(resolve_dump.__file__).read_text()
+    done = subprocess.run(
+        [str(python), "-c", _CHECK, source, json.dumps(facts.model_dump()), engine],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"},
+    )
+    lines = [x for x in done.stdout.splitlines() if x.startswith("flagtrial-check ")]
+    assert lines, done.stdout[-2000:] + done.stderr[-2000:]
+    out = json.loads(lines[-1].removeprefix("flagtrial-check "))
+    return set(out["changed"]), set(out["patched"])
+
+
+def test_declared_facts_replace_only_the_platform_queries_sglang(
+    sglang_bin: Path,  # noqa: F811
+) -> None:
+    changed, patched = changed_by_declaring(sglang_bin, "sglang", SM90)
+    # no memory declared: SGLang's memory query answers None (its own "unknown" path),
+    # in its module and wherever `from ... import` copied it
+    memory = {p for p in patched if p.endswith(".get_device_memory_capacity")}
+    assert "sglang.srt.utils.common.get_device_memory_capacity" in memory
+    # torch.version.hip is None on CPU torch already: left as it is
+    assert patched - memory == SGLANG_PATCHED - {"torch.version.hip"}
+    assert changed == patched
+
+
+def test_declared_facts_replace_only_the_platform_queries_vllm(
+    vllm_bin: Path,  # noqa: F811
+) -> None:
+    changed, patched = changed_by_declaring(vllm_bin, "vllm", SM90)
+    assert patched == VLLM_PATCHED - {"torch.version.hip"}
+    assert changed == patched
+
+
+def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    model = str(hf_model)
+    on_cuda = resolve_local(vllm_bin, "vllm", ["serve", model], SM90)
+    assert on_cuda.status == "resolved", on_cuda
+    on_cpu = resolve_local(vllm_bin, "vllm", ["serve", model, "--max-num-seqs", "0"])
+    assert on_cpu.status == "raised"
+    assert on_cpu.raised is not None
+    assert "max_num_seqs" in on_cpu.raised.message
+    assert on_cpu.raised.file is not None and on_cpu.raised.file.startswith("vllm/")
+    # the CUDA platform's own choices (the CPU build's block size is 128)
+    assert on_cuda.settings["cache_config.block_size"] == 16
+    assert on_cuda.settings["device_config"] == "cuda"
+
+
+def _finding(outcome: Outcome) -> GateFinding:
+    return GateFinding(
+        engine="sglang",
+        version="0.5.23",
+        flag="--kv-cache-dtype",
+        value="nvfp4",
+        host="SM90",
+        tp=1,
+        outcome=outcome,
+        reason="static",
+    )
+
+
+def _res(status: str, settings: dict | None = None, raised: dict | None = None) -> Resolution:  # type: ignore[type-arg]
+    return Resolution.model_validate(
+        {
+            "engine": "sglang",
+            "status": status,
+            "settings": settings or {},
+            "raised": raised,
+            "complete": True,
+        }
+    )
+
+
+def test_combine_rules() -> None:
+    boom = {"type": "RuntimeError", "message": REFUSAL, "file": "sglang/x.py", "line": 3}
+    ok = _res("resolved", {"a": 1})
+    # the candidate raises where the known-good does not: FAILS, the engine's line cited
+    [fails] = combine([_finding(Outcome.ACTIVE)], ok, _res("raised", raised=boom))
+    assert fails.outcome == Outcome.FAILS
+    assert fails.cites("sglang/x.py:3") and REFUSAL in fails.reason
+    # both raise: not the edit's doing
+    both = combine(
+        [_finding(Outcome.ACTIVE)], _res("raised", raised=boom), _res("raised", raised=boom)
+    )
+    assert both[0].outcome == Outcome.ACTIVE
+    # the same whole record: a no-op; a static FAILS is not overruled
+    same = combine(
+        [_finding(Outcome.ACTIVE), _finding(Outcome.FAILS)], ok, _res("resolved", {"a": 1})
+    )
+    assert [f.outcome for f in same] == [Outcome.NO_OP, Outcome.FAILS]
+    # a difference, or nothing resolved: the findings stand
+    assert (
+        combine([_finding(Outcome.UNKNOWN)], ok, _res("resolved", {"a": 2}))[0].outcome
+        == Outcome.UNKNOWN
+    )
+    assert combine([_finding(Outcome.ACTIVE)], ok, _res("unresolved"))[0].outcome == Outcome.ACTIVE
+    assert combine([_finding(Outcome.ACTIVE)], None, None)[0].outcome == Outcome.ACTIVE
+
+
+def preflight(project: Path, *change: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flagtrial",
+            "preflight",
+            *change,
+            "--json",
+            "--project",
+            str(project),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "250"},
+    )
+
+
+def gpu_project(root: Path, python: Path, model: Path, cap: str) -> Path:
+    """A project for a real SGLang on a GPU this machine has not: its command as for a GPU
+    (no --device cpu), the GPU declared. Preflight starts no server."""
+    args = ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(free_port())]
+    env = {k: v for k, v in SGLANG_ENV.items() if k != "SGLANG_USE_CPU_ENGINE"}
+    path = write_project(
+        root, "sglang", args, env, program=[str(python), "-m", "sglang.launch_server"]
+    )
+    path.write_text(path.read_text() + f'[gpu]\ncompute_cap = "{cap}"\ncuda = "12.8"\n')
+    return path
+
+
+def test_preflight_fails_on_sm90_and_predicts_the_changes_on_sm100(
+    tmp_path: Path,
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    (tmp_path / "sm90").mkdir()
+    (tmp_path / "sm100").mkdir()
+    refused = preflight(
+        gpu_project(tmp_path / "sm90", sglang_bin, sglang_model, "9.0"),
+        "--add=--kv-cache-dtype=nvfp4",
+    )
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    out = json.loads(refused.stdout)
+    assert not out["passed"]
+    resolution = out["resolution"]
+    assert resolution["known_good"]["status"] == "resolved"
+    raised = resolution["candidate"]["raised"]
+    assert raised["message"].startswith(REFUSAL)
+    assert raised["file"] == "sglang/srt/arg_groups/kv_cache_hook.py"
+
+    passed = preflight(
+        gpu_project(tmp_path / "sm100", sglang_bin, sglang_model, "10.0"),
+        "--add=--kv-cache-dtype=nvfp4",
+    )
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    diff = json.loads(passed.stdout)["resolution"]["diff"]
+    explicit = {c["name"]: (c["before"], c["after"]) for c in diff["explicit"]}
+    implicit = {c["name"]: (c["before"], c["after"]) for c in diff["implicit"]}
+    assert explicit["kv_cache_dtype"] == ("auto", "nvfp4")
+    # the hook's own choice for an nvfp4 cache on SM100, never named by the change
+    assert implicit["decode_attention_backend"][1] == "trtllm_mha"
