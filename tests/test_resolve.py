@@ -1,5 +1,5 @@
 """The engine's own argument resolution (engines/resolve.py, resolve_dump.py) against the real
-installed engines: SGLang 0.5.23 on torch CPU and vLLM CPU 0.32.0 (tests/sglang_fixtures.py,
+installed engines: SGLang 0.5.23 on torch CPU and vLLM CPU 0.32.0 (tests/harness/sglang_fixtures.py,
 scripts/install-*.sh). Declared GPU facts stand in for the platform query only; nothing else
 of the engine is replaced. No server starts here (preflight starts none); the comparison with
 a real server's report is in test_sglang_real.py, on its shared server.
@@ -10,19 +10,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
-from fixtures.engines.standin import write_project
+from flagtrial.demo import free_port
 from flagtrial.engines import resolve_dump
 from flagtrial.engines.resolve import Resolution, ResolveFacts, resolve_local
 from flagtrial.gates.model import GateFinding, Outcome
 from flagtrial.gates.preflight import combine
-from sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
-from vllm_fixtures import hf_model, vllm_bin  # noqa: F401
+from harness.cli import cli
+from harness.project import update_project_file
+from harness.sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
+from harness.standin import write_project
+from harness.vllm_fixtures import hf_model, vllm_bin  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -217,22 +218,7 @@ def test_combine_rules() -> None:
 
 
 def preflight(project: Path, *change: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flagtrial",
-            "preflight",
-            *change,
-            "--json",
-            "--project",
-            str(project),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "250"},
-    )
+    return cli(project, "preflight", *change, "--json", timeout=600)
 
 
 def gpu_project(root: Path, python: Path, model: Path, cap: str) -> Path:
@@ -243,8 +229,7 @@ def gpu_project(root: Path, python: Path, model: Path, cap: str) -> Path:
     path = write_project(
         root, "sglang", args, env, program=[str(python), "-m", "sglang.launch_server"]
     )
-    path.write_text(path.read_text() + f'[gpu]\ncompute_cap = "{cap}"\ncuda = "12.8"\n')
-    return path
+    return update_project_file(path, f'[gpu]\ncompute_cap = "{cap}"\ncuda = "12.8"\n')
 
 
 def test_preflight_fails_on_sm90_and_predicts_the_changes_on_sm100(
