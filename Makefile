@@ -47,12 +47,13 @@ demo: $(STAMP) $(LLAMA_SERVER)
 demo-vllm: $(STAMP) $(VLLM_PYTHON)
 	$(VENV)/bin/flagtrial demo --engine vllm
 
+# Style, and the types of src/ checked strictly (pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy src
 
-test: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON)
-	$(VENV)/bin/ruff check src tests
+test: lint $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON)
 	$(VENV)/bin/pytest -q -rs
 
 clean:
