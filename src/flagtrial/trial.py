@@ -46,7 +46,7 @@ from flagtrial.launch.spec import LaunchSpec, byte_difference
 from flagtrial.ledger import Generation, Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.reasons import Code, Reason
-from flagtrial.sequential import Arm, Continue, Sequential, choose_design
+from flagtrial.sequential import Arm, Continue, Sequential
 from flagtrial.settings import Project
 from flagtrial.targets.base import Target
 from flagtrial.targets.holder import held_message
@@ -332,7 +332,9 @@ class Trial:
             candidate_gen=self.candidate_gen.id,
             record_json={},
         )
-        seq = Sequential(policy, s.project.workload.concurrency, design=None)
+        seq = Sequential(
+            policy, s.project.workload.concurrency, restart_s=self.facts_before.ready_s
+        )
         try:
             self._clock = time.monotonic()
             while isinstance(step := seq.decision(), Continue):
@@ -355,10 +357,14 @@ class Trial:
                         raise
                     died = Reason(code=Code.SERVER_DIED, values={"error": str(e)})
                     return await self._finish(Verdict.revert(died))
-                if seq.design is None:
-                    seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
-                    s.notify("design", seq.design.why)
-                    self.context["design"] = dataclasses.asdict(seq.design)
+                if (d := seq.design) is not None and "design" not in self.context:
+                    # chosen by the procedure once the first block is measured
+                    s.notify("design", d.why)
+                    self.context["design"] = {
+                        "kind": d.kind,
+                        "runs_per_block": d.runs_per_block,
+                        "why": d.why,
+                    }
             diff = self.diff or diff_facts(self.facts_before, self.facts_before, set())
             return await self._finish(step.verdict(policy, diff))
         except BaseException as e:
@@ -442,7 +448,7 @@ class Trial:
         if breach and s.project.policy.capacity_guard == "revert":
             return Verdict.revert(breach, Reason(code=Code.CAPACITY_GUARD_REVERT))
         if breach:
-            seq.forced = "capacity guardrail"
+            seq.breached("capacity guardrail")
         return None
 
     async def _measure(self, seq: Sequential, step: Continue) -> None:
