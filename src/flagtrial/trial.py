@@ -43,11 +43,13 @@ from flagtrial.launch.change import (
     names_touched,
 )
 from flagtrial.launch.spec import LaunchSpec, byte_difference
-from flagtrial.ledger import Generation, Ledger
+from flagtrial.ledger import Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.reasons import Code, Reason
+from flagtrial.records import Generation
 from flagtrial.sequential import Arm, Continue, Sequential
 from flagtrial.settings import Project
+from flagtrial.states import TrialState
 from flagtrial.targets.base import Target
 from flagtrial.targets.holder import held_message
 
@@ -152,14 +154,17 @@ class Session:
             raise LockHeldError(held_message(self.target.name, holder))
         for trial in self.ledger.unfinished_trials(self.target.name):
             self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
-            facts_after = trial.record.get("facts_after")
+            facts_after = trial.facts_after
             if trial.verdict == "KEEP" and trial.candidate_gen and facts_after:
                 candidate = self.ledger.generation(trial.candidate_gen)
-                promoted = await self.restore(candidate, Facts.model_validate(facts_after))
+                promoted = await self.restore(candidate, facts_after)
                 if promoted.verified:
-                    self.ledger.mark_known_good(candidate.id, facts_after)
+                    self.ledger.mark_known_good(candidate.id, trial.record["facts_after"])
                     self.ledger.step(
-                        trial.id, "kept", "recovered: promotion finished", finished_at=time.time()
+                        trial.id,
+                        TrialState.KEPT,
+                        "recovered: promotion finished",
+                        finished_at=time.time(),
                     )
                     continue
                 self.notify("recover", "the kept candidate came back different: "
@@ -167,7 +172,7 @@ class Session:
             restore = await self.restore(self.ledger.generation(trial.baseline_gen))
             self.ledger.step(
                 trial.id,
-                "recovered",
+                TrialState.RECOVERED,
                 "recovered: " + _restore_detail(restore),
                 finished_at=time.time(),
             )
@@ -298,7 +303,7 @@ class Trial:
         self.diff: FactsDiff | None = None
         self._clock = 0.0
 
-    def _step(self, state: str, detail: str = "", **fields: Any) -> None:
+    def _step(self, state: TrialState, detail: str = "", **fields: Any) -> None:
         """Journal a step before acting on it (write-ahead), then announce it."""
         if "record_json" in fields:
             fields["record_json"] = {**self.context, **fields["record_json"]}
@@ -327,7 +332,7 @@ class Trial:
         )  # fmt: skip
         self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), self.good.id)
         self._step(
-            "preflighted",
+            TrialState.PREFLIGHTED,
             "; ".join([f"candidate is generation {self.candidate_gen.id}", *checked.notes]),
             candidate_gen=self.candidate_gen.id,
             record_json={},
@@ -345,7 +350,9 @@ class Trial:
                 if step.warmup:
                     gen = self.good if step.arm == "baseline" else self.candidate_gen
                     self._step(
-                        "measuring-baseline" if step.arm == "baseline" else "measuring",
+                        TrialState.MEASURING_BASELINE
+                        if step.arm == "baseline"
+                        else TrialState.MEASURING,
                         f"generation {gen.id}: {step.step}",
                     )
                 try:
@@ -370,15 +377,15 @@ class Trial:
         except BaseException as e:
             # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
             self.gate_task.cancel()
+            if self._settled:
+                raise  # the journal is closed (kept or reverted)
             if not self._touched:
                 with contextlib.suppress(Exception):
-                    self._step("aborted", f"{type(e).__name__}: {e}")
-                raise
-            if self._settled:
+                    self._step(TrialState.ABORTED, f"{type(e).__name__}: {e}")
                 raise
             with contextlib.suppress(Exception):
                 self._step(
-                    "reverting",
+                    TrialState.REVERTING,
                     f"interrupted ({type(e).__name__}): restoring generation {self.good.id}",
                 )
             try:
@@ -387,13 +394,13 @@ class Trial:
                 # The journal stays unfinished; the next command recovers from it.
                 raise e from None
             with contextlib.suppress(Exception):
-                self._step("reverted", _restore_detail(restore), finished_at=time.time())
+                self._step(TrialState.REVERTED, _restore_detail(restore), finished_at=time.time())
             raise
 
     async def _restart_known_good(self, died: ServerDiedError) -> ServerDiedError:
         """The known-good died while measured as found (nothing of the candidate installed):
         start it again, so the trial never leaves the server down, and say how it came back."""
-        self._step("restarting", f"known-good, after it died: {died}")
+        self._step(TrialState.RESTARTING, f"known-good, after it died: {died}")
         try:
             restore = await self.s.restore(self.good)
         except FlagtrialError as e:
@@ -412,11 +419,11 @@ class Trial:
             await self._check_gates(self.gate_task)
         if self.installed != arm:
             gen = self.good if arm == "baseline" else self.candidate_gen
-            self._step("installing", f"generation {gen.id} ({_ARM_NAMES[arm]})")
+            self._step(TrialState.INSTALLING, f"generation {gen.id} ({_ARM_NAMES[arm]})")
             self._touched = True  # before the install: a kill inside it must restore
             await s.target.install_spec(self.specs[arm])
             self.installed = arm
-        self._step("restarting", _ARM_NAMES[arm])
+        self._step(TrialState.RESTARTING, _ARM_NAMES[arm])
         try:
             facts = await s.restart_and_read()
         except ServerNotReadyError as e:
@@ -440,7 +447,7 @@ class Trial:
         self.facts_after = facts
         self.diff = diff_facts(self.facts_before, facts, self.named)
         self._step(
-            "facts",
+            TrialState.FACTS,
             "; ".join(c.describe() for c in self.diff.capacity),
             record_json={"facts_after": facts.model_dump(), "diff": self.diff.model_dump()},
         )
@@ -511,7 +518,7 @@ class Trial:
             return
         self.context["gates"] = [f.model_dump(mode="json") for f in findings]
         self.gate_reasons = gating.reasons(findings)
-        self._step("gates", "; ".join(f"{f.flag}: {f.outcome.value}" for f in findings),
+        self._step(TrialState.GATES, "; ".join(f"{f.flag}: {f.outcome.value}" for f in findings),
                    record_json={})  # fmt: skip
         fails = gating.failing(findings)
         if fails and not self.force:
@@ -528,7 +535,7 @@ class Trial:
         s = self.s
         verdict = verdict.adding(*self.notes, *self.gate_reasons)
         self._step(
-            "judged",
+            TrialState.JUDGED,
             verdict.decision,
             verdict=verdict.decision,
             reasons_json=_reasons_json(verdict),
@@ -538,10 +545,10 @@ class Trial:
             verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
         if keep and self.facts_after is not None and self.installed == "baseline":
-            self._step("installing", f"generation {self.candidate_gen.id}, to keep it")
+            self._step(TrialState.INSTALLING, f"generation {self.candidate_gen.id}, to keep it")
             await s.target.install_spec(self.specs["candidate"])
             self.installed = "candidate"
-            self._step("restarting", "candidate, to keep it")
+            self._step(TrialState.RESTARTING, "candidate, to keep it")
             facts = await s.restart_and_read()
             mismatches = verify_facts(self.facts_after, facts, s.engine.capacity_tolerance_pct)
             if mismatches:
@@ -553,14 +560,14 @@ class Trial:
             s.ledger.mark_known_good(self.candidate_gen.id, self.facts_after.model_dump())
             self._settled = True
             self._step(
-                "kept",
+                TrialState.KEPT,
                 f"generation {self.candidate_gen.id} is now known-good",
                 finished_at=time.time(),
             )
         else:
             serving = self.installed == "baseline" and self.baseline_facts is not None
             self._step(
-                "reverting",
+                TrialState.REVERTING,
                 f"generation {self.good.id} already serving, verified at its last restart"
                 if serving
                 else f"restoring generation {self.good.id}",
@@ -575,7 +582,7 @@ class Trial:
                 restore = await s.restore(self.good)
             self._settled = True
             self._step(
-                "reverted",
+                TrialState.REVERTED,
                 _restore_detail(restore),
                 finished_at=time.time(),
                 reasons_json=_reasons_json(verdict),
