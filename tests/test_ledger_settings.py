@@ -11,6 +11,7 @@ from flagtrial.errors import LedgerError, ProjectError
 from flagtrial.ledger import SCHEMA_VERSION, Ledger
 from flagtrial.reasons import Code, Reason
 from flagtrial.settings import load_project
+from flagtrial.states import FINAL, TRANSITIONS, TransitionError, TrialState
 
 
 def test_generations_are_content_addressed(tmp_path: Path) -> None:
@@ -31,14 +32,44 @@ def test_trial_journal(tmp_path: Path) -> None:
     gen = ledger.record_generation("t", "spec")
     trial = ledger.start_trial("t", {"edits": []}, gen.id)
     died = Reason(code=Code.SERVER_DIED, values={"error": "x"})
-    ledger.step(trial, "judged", "REVERT", verdict="REVERT", reasons_json=[died.model_dump()])
+    ledger.step(trial, TrialState.PREFLIGHTED)
+    ledger.step(trial, TrialState.MEASURING_BASELINE)
     ledger.add_run(trial, "baseline", 8, 0, {"output_tok_s": 1.0})
+    ledger.step(
+        trial, TrialState.JUDGED, "REVERT", verdict="REVERT", reasons_json=[died.model_dump()]
+    )
     row = ledger.trial(trial)
     assert (row.state, row.verdict, row.reasons) == ("judged", "REVERT", [died])
-    assert [e.state for e in ledger.events(trial)] == ["planned", "judged"]
-    assert ledger.runs(trial)[0]["summary"] == {"output_tok_s": 1.0}
+    assert [e.state for e in ledger.events(trial)] == [
+        "planned",
+        "preflighted",
+        "measuring-baseline",
+        "judged",
+    ]
+    assert ledger.runs(trial)[0].summary == {"output_tok_s": 1.0}
     # a second connection (another flagtrial process) sees the same ledger
     assert Ledger(tmp_path / "l.db").trial(trial).verdict == "REVERT"
+
+
+def test_journal_refuses_a_step_the_state_machine_does_not_allow(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db")
+    gen = ledger.record_generation("t", "spec")
+    trial = ledger.start_trial("t", {"edits": []}, gen.id)
+    # kept straight from planned: no verdict yet, so nothing may be kept
+    with pytest.raises(TransitionError, match="no transition from planned to kept"):
+        ledger.step(trial, TrialState.KEPT, "kept", finished_at=1.0)
+    row = ledger.trial(trial)
+    assert (row.state, row.finished_at) == ("planned", None)  # nothing written
+    assert [e.state for e in ledger.events(trial)] == ["planned"]
+    ledger.step(trial, TrialState.ABORTED, "interrupted")
+    # a finished trial's journal is closed, whatever comes
+    assert ledger.unfinished_trials("t") == []
+    for state in TrialState:
+        with pytest.raises(TransitionError):
+            ledger.step(trial, state)
+    assert [e.state for e in ledger.events(trial)] == ["planned", "aborted"]
+    assert all(not TRANSITIONS[s] for s in FINAL)
+    assert all(TRANSITIONS[s] for s in TrialState if s not in FINAL)
 
 
 def test_corrupt_ledger_is_a_clear_error(tmp_path: Path) -> None:
@@ -79,10 +110,10 @@ def test_schema_1_ledger_is_migrated_with_its_runs(tmp_path: Path) -> None:
     assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert migrated.generation(gen.id) == gen
     [run] = migrated.runs(trial)
-    assert (run["block"], run["disturbed"], run["foreign"]) == (0, None, None)
-    assert run["summary"] == {"output_tok_s": 100.0}
+    assert (run.block, run.disturbed, run.foreign) == (0, None, None)
+    assert run.summary == {"output_tok_s": 100.0}
     migrated.add_run(trial, "candidate", 8, 0, {}, block=1, disturbed="busy", foreign={"a": 1})
-    assert migrated.runs(trial)[1]["foreign"] == {"a": 1}
+    assert migrated.runs(trial)[1].foreign == {"a": 1}
 
 
 def schema_3_trial(ledger: Ledger) -> int:

@@ -15,6 +15,7 @@ from flagtrial.launch.spec import parse_command, parse_unit
 from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code, Reason
 from flagtrial.redact import MARK, Redactor, is_secret_name
+from flagtrial.states import TrialState
 
 UNIT = """[Unit]
 Description=llama-server
@@ -142,7 +143,9 @@ def test_ledger_keeps_specs_for_restore_and_redacts_everything_else(tmp_path: Pa
     change = {"edits": [{"op": "setenv", "name": "HF_TOKEN", "value": "hf_in_change"}]}
     trial = ledger.start_trial("t", change, good.id)
     died = Reason(code=Code.SERVER_DIED, values={"error": "hf_in_change"}).model_dump()
-    ledger.step(trial, "judged", "crashed: --api-key api_key_value", reasons_json=[died])
+    ledger.step(trial, TrialState.PREFLIGHTED)
+    ledger.step(trial, TrialState.MEASURING_BASELINE)
+    ledger.step(trial, TrialState.JUDGED, "crashed: --api-key api_key_value", reasons_json=[died])
     assert ledger.generation(good.id).spec_text == UNIT  # what a restore installs
     raw = json.dumps([dict(r) for r in ledger.db.execute("SELECT * FROM trials")])
     raw += json.dumps([dict(r) for r in ledger.db.execute("SELECT * FROM events")])

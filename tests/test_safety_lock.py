@@ -124,7 +124,7 @@ def test_read_only_commands_and_unlock_leave_a_live_trial_alone(project: Project
         events = [e.state for e in ledger.events(1)]
     finally:
         ledger.close()
-    assert runs and all(r["summary"]["n_errors"] == 0 for r in runs)
+    assert runs and all(r.summary["n_errors"] == 0 for r in runs)
     assert "recovered" not in events
 
 

@@ -8,19 +8,20 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from flagtrial.designs import BeforeAfter, DesignKind, Interleaved, choose_design
 from flagtrial.facts import Facts, diff_facts
 from flagtrial.judge import goodput
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.reasons import Code
-from flagtrial.sequential import Continue, Design, Sequential, Stop, choose_design
+from flagtrial.sequential import Continue, Sequential, Stop
 from flagtrial.settings import Policy
 from harness.runsummaries import summary
 
 FACTS = Facts(engine="llamacpp", capacity={"concurrent_requests": 8}, settings={"n_slots": 8})
 NO_DIFF = diff_facts(FACTS, FACTS, set())
-INTERLEAVED = Design("interleaved", 1, "test")
-BEFORE_AFTER = Design("before-after", 3, "test")
+INTERLEAVED = Interleaved(1, "test")
+BEFORE_AFTER = BeforeAfter(3, "test")
 
 
 Source = Callable[[Continue, int], RunSummary]
@@ -61,7 +62,7 @@ def test_design_follows_restart_cost() -> None:
 
 
 def test_interleaved_schedule_alternates_restart_blocks() -> None:
-    seq = Sequential(Policy(), [4, 8], Design("interleaved", 2, "test"))
+    seq = Sequential(Policy(), [4, 8], design=Interleaved(2, "test"))
     steps = []
     for _ in range(6):
         step = seq.decision()
@@ -80,7 +81,7 @@ def test_interleaved_schedule_alternates_restart_blocks() -> None:
 
 
 def test_observe_must_follow_the_plan() -> None:
-    seq = Sequential(Policy(), [4, 8], INTERLEAVED)
+    seq = Sequential(Policy(), [4, 8], design=INTERLEAVED)
     step = seq.decision()
     assert isinstance(step, Continue) and step.arm == "baseline"
     with pytest.raises(ValueError, match="not asked for"):
@@ -92,7 +93,7 @@ def test_observe_must_follow_the_plan() -> None:
 
 def test_clear_gain_stops_early_and_keeps() -> None:
     policy = Policy()
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(15.0, 0.02, seed=1))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(15.0, 0.02, seed=1))
     verdict = stop.verdict(policy, NO_DIFF)
     assert verdict.decision == "KEEP" and verdict.finding == "gain"
     assert len(stop.candidate[8]) <= 8  # far below the 40-run bound
@@ -108,7 +109,7 @@ def test_clear_gain_stops_early_and_keeps() -> None:
 
 def test_clear_harm_stops_early_and_reverts() -> None:
     policy = Policy()
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(-15.0, 0.02, seed=2))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(-15.0, 0.02, seed=2))
     verdict = stop.verdict(policy, NO_DIFF)
     assert verdict.decision == "REVERT" and verdict.finding == "harm"
     assert len(stop.candidate[8]) <= 8
@@ -116,7 +117,7 @@ def test_clear_harm_stops_early_and_reverts() -> None:
 
 def test_no_effect_is_shown_equivalent() -> None:
     policy = Policy()
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.02, seed=3))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(0.0, 0.02, seed=3))
     verdict = stop.verdict(policy, NO_DIFF)
     assert verdict.decision == "INCONCLUSIVE" and verdict.finding == "equivalent"
     assert verdict.reasons[0].code == Code.EQUIVALENT
@@ -124,7 +125,7 @@ def test_no_effect_is_shown_equivalent() -> None:
 
 def test_bound_in_runs_gives_inconclusive_with_the_interval() -> None:
     policy = Policy(max_runs=10)
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.15, seed=4))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(0.0, 0.15, seed=4))
     verdict = stop.verdict(policy, NO_DIFF)
     assert verdict.decision == "INCONCLUSIVE" and verdict.finding == "unresolved"
     assert (len(stop.baseline[8]), len(stop.candidate[8])) == (10, 9)  # 1 probe, 9 pairs
@@ -139,7 +140,7 @@ def test_no_bound_stops_a_trial_before_the_candidate_ran() -> None:
     # Two-run blocks and a bound of two runs per arm: the known-good's first two blocks
     # already reach it, yet the candidate still gets its block before the trial stops.
     policy = Policy(max_runs=2)
-    stop = drive(Sequential(policy, [8], Design("interleaved", 2, "test")), noisy(0.0, 0.1, 9))
+    stop = drive(Sequential(policy, [8], design=Interleaved(2, "test")), noisy(0.0, 0.1, 9))
     assert len(stop.candidate[8]) == 2
     assert stop.installed == "candidate"
     assert (stop.why.code, stop.why.values["max_runs"]) == (Code.BOUND_RUNS, 2)
@@ -147,8 +148,8 @@ def test_no_bound_stops_a_trial_before_the_candidate_ran() -> None:
 
 def test_a_verdict_fixed_by_the_facts_stops_at_the_first_interval() -> None:
     policy = Policy()
-    seq = Sequential(policy, [8], INTERLEAVED)
-    seq.forced = "capacity guardrail"
+    seq = Sequential(policy, [8], design=INTERLEAVED)
+    seq.breached("capacity guardrail")
     stop = drive(seq, noisy(0.0, 0.15, seed=10))
     assert len(stop.candidate[8]) == 5  # the fewest pairs with a finite interval
     assert (stop.why.code, stop.why.values["forced"]) == (Code.STOP_FORCED, "capacity guardrail")
@@ -157,14 +158,14 @@ def test_a_verdict_fixed_by_the_facts_stops_at_the_first_interval() -> None:
 
 def test_bound_in_seconds() -> None:
     policy = Policy(max_seconds=60)
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(0.0, 0.15, seed=5))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(0.0, 0.15, seed=5))
     assert stop.seconds <= 60
     assert (stop.why.code, stop.why.values["max_seconds"]) == (Code.BOUND_SECONDS, 60)
 
 
 def test_disturbed_runs_are_set_aside_with_their_reason() -> None:
     policy = Policy()
-    seq = Sequential(policy, [8], INTERLEAVED)
+    seq = Sequential(policy, [8], design=INTERLEAVED)
     source = noisy(15.0, 0.02, seed=6)
     index = 0
     arms = []
@@ -188,7 +189,7 @@ def test_disturbed_runs_are_set_aside_with_their_reason() -> None:
 
 def test_disturbed_runs_count_when_the_policy_says_so() -> None:
     policy = Policy(set_aside_disturbed=False)
-    seq = Sequential(policy, [8], INTERLEAVED)
+    seq = Sequential(policy, [8], design=INTERLEAVED)
     while isinstance(step := seq.decision(), Continue):
         seq.observe(step.arm, 8, summary(300.0), disturbed="disturbed: foreign CPU 1.5 cores")
     verdict = step.verdict(policy, NO_DIFF)
@@ -203,7 +204,7 @@ def stop_runs(stop: Stop) -> list[RunSummary]:
 
 def test_machine_too_busy_to_measure() -> None:
     policy = Policy()
-    seq = Sequential(policy, [8], INTERLEAVED)
+    seq = Sequential(policy, [8], design=INTERLEAVED)
     while isinstance(step := seq.decision(), Continue):
         seq.observe(step.arm, 8, summary(300.0), disturbed="disturbed: foreign CPU 1.5 cores")
     verdict = step.verdict(policy, NO_DIFF)
@@ -214,7 +215,7 @@ def test_machine_too_busy_to_measure() -> None:
 
 def test_candidate_errors_stop_at_once_and_revert() -> None:
     policy = Policy()
-    seq = Sequential(policy, [8], INTERLEAVED)
+    seq = Sequential(policy, [8], design=INTERLEAVED)
     stop = drive(seq, lambda step, i: summary(300.0, errors=2 if step.arm == "candidate" else 0))
     assert len(stop.candidate[8]) == 1
     verdict = stop.verdict(policy, NO_DIFF)
@@ -238,12 +239,12 @@ def test_stopping_rule_and_verdict_read_errors_alike() -> None:
 
         return runs
 
-    stop = drive(Sequential(policy, [8], INTERLEAVED), failing(1))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), failing(1))
     verdict = stop.verdict(policy, NO_DIFF)
     assert (stop.why.code, verdict.decision) == (Code.STOP_DECIDED, "KEEP")
     assert verdict.first({Code.ERRORS}) is None
     assert verdict.first({Code.ERRORS_UNPROVEN}) is not None
-    stop = drive(Sequential(policy, [8], INTERLEAVED), failing(8))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), failing(8))
     verdict = stop.verdict(policy, NO_DIFF)
     assert (stop.why.code, verdict.decision) == (Code.STOP_ERRORS, "REVERT")
     assert len(stop.candidate[8]) == 1
@@ -258,7 +259,7 @@ def test_latency_guardrail_stops_early_and_reverts() -> None:
         ttft = 0.5 * (1.6 if step.arm == "candidate" else 1.0) * math.exp(rng.normal(0, 0.03))
         return summary(300 * math.exp(rng.normal(0, 0.05)), ttft=ttft)
 
-    stop = drive(Sequential(policy, [8], INTERLEAVED), source)
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), source)
     verdict = stop.verdict(policy, NO_DIFF)
     assert verdict.decision == "REVERT"
     assert stop.why.code == Code.STOP_LATENCY
@@ -270,7 +271,7 @@ def test_latency_guardrail_stops_early_and_reverts() -> None:
 
 def test_capacity_loss_reverts_a_sequential_gain() -> None:
     policy = Policy()
-    stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(15.0, 0.02, seed=8))
+    stop = drive(Sequential(policy, [8], design=INTERLEAVED), noisy(15.0, 0.02, seed=8))
     smaller = Facts(engine="llamacpp", capacity={"concurrent_requests": 4}, settings={})
     verdict = stop.verdict(policy, diff_facts(FACTS, smaller, set()))
     assert verdict.decision == "REVERT"
@@ -282,7 +283,9 @@ def test_wrong_verdicts_are_rare_on_simulated_trials() -> None:
     policy = Policy()
     decisions = []
     for seed in range(300):
-        stop = drive(Sequential(policy, [8], INTERLEAVED), noisy(-5.0, 0.03, seed=100 + seed))
+        stop = drive(
+            Sequential(policy, [8], design=INTERLEAVED), noisy(-5.0, 0.03, seed=100 + seed)
+        )
         decisions.append(stop.verdict(policy, NO_DIFF).decision)
     assert decisions.count("KEEP") == 0
     assert decisions.count("REVERT") >= 270
@@ -290,7 +293,7 @@ def test_wrong_verdicts_are_rare_on_simulated_trials() -> None:
 
 def test_before_after_schedule_and_recheck() -> None:
     policy = Policy(runs=3, recheck_runs=2)
-    seq = Sequential(policy, [8], BEFORE_AFTER)
+    seq = Sequential(policy, [8], design=BEFORE_AFTER)
     plan = []
     source = noisy(20.0, 0.01, seed=9)
     index = 0
@@ -313,14 +316,15 @@ def test_before_after_recheck_catches_drift() -> None:
     """No effect, but the machine speeds up 1 % a run: before/after alone would call it a
     gain; the re-check measures the drift, and the interval covers 0."""
     policy = Policy(runs=4, recheck_runs=4, drift_pct_per_hour=0.0, autocorrelation=0.0)
-    seq = Sequential(policy, [8], BEFORE_AFTER)
+    seq = Sequential(policy, [8], design=BEFORE_AFTER)
     rng = np.random.default_rng(10)
     index = 0
     while isinstance(step := seq.decision(), Continue):
         seq.observe(step.arm, 8, summary(300 * math.exp(0.01 * index + rng.normal(0, 0.002))))
         index += 1
     verdict = step.verdict(policy, NO_DIFF)
-    assert seq.interim is not None and seq.interim.est > math.log(1.04)
+    interim = BEFORE_AFTER.interim(seq)
+    assert interim is not None and interim.est > math.log(1.04)
     assert verdict.decision != "KEEP"
     primary = next(e for e in verdict.effects if e.metric == "output_tok_s")
     assert primary.lo_pct < 0 < primary.hi_pct
@@ -336,7 +340,7 @@ def test_goodput_as_the_primary_metric() -> None:
     fast, slow = records(0.5), records(1.5)  # limit 1.0 s: all good, none good
     assert goodput(fast, 1.0, 0.1) == pytest.approx(16 / 4.75)
     policy = Policy(primary_metric="goodput", goodput_ttft_max_s=1.0)
-    seq = Sequential(policy, [8], INTERLEAVED)
+    seq = Sequential(policy, [8], design=INTERLEAVED)
     rng = np.random.default_rng(11)
     while isinstance(step := seq.decision(), Continue):
         recs = slow if step.arm == "candidate" and rng.random() < 0.5 else fast
@@ -351,18 +355,22 @@ def test_goodput_as_the_primary_metric() -> None:
     )
 
 
-@pytest.mark.parametrize("design", [INTERLEAVED, BEFORE_AFTER])
-def test_design_chosen_after_the_first_block(design: Design) -> None:
-    """The first block is the same in both designs, so its run time can choose the design."""
-    seq = Sequential(Policy(runs=3), [8], None)
+@pytest.mark.parametrize("kind", ["interleaved", "before-after"])
+def test_design_chosen_after_the_first_block(kind: DesignKind) -> None:
+    """The first block is the same in both designs, so its run time can choose the design:
+    the procedure chooses it itself once that block is measured."""
+    policy = Policy(runs=3, protocol=kind)
+    seq = Sequential(policy, [8], restart_s=0.4)
     first = seq.decision()
     assert isinstance(first, Continue)
     assert (first.arm, first.restart, first.warmup) == ("baseline", False, True)
+    assert seq.design is None
+    with pytest.raises(ValueError, match="no design before the first block"):
+        seq.chosen  # noqa: B018
     seq.observe("baseline", 8, summary(300.0))
-    with pytest.raises(ValueError, match="assign a design"):
-        seq.decision()
-    seq.design = choose_design(Policy(protocol=design.kind), restart_s=0.4, run_s=5.0)
+    assert seq.design == choose_design(policy, restart_s=0.4, run_s=5.0)
+    assert seq.design.kind == kind
     second = seq.decision()
     assert isinstance(second, Continue)
     # interleaved: the first paired block restarts the known-good; before-after goes on
-    assert (second.arm, second.restart) == ("baseline", design.kind == "interleaved")
+    assert (second.arm, second.restart) == ("baseline", kind == "interleaved")

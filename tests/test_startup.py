@@ -12,6 +12,7 @@ import pytest
 
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
+from flagtrial.states import TrialState as S
 
 # Each is imported by the commands that use it (trial, facts, report, gates, ssh targets).
 HEAVY = (
@@ -61,7 +62,9 @@ def project(tmp_path: Path) -> Path:
     trial = ledger.start_trial(
         "llama.service", {"edits": [{"op": "set", "name": "-np", "value": "8"}]}, base.id
     )
-    ledger.step(trial, "reverted", "no gain", verdict="REVERT")
+    for state in (S.PREFLIGHTED, S.MEASURING_BASELINE, S.JUDGED, S.REVERTING):
+        ledger.step(trial, state)
+    ledger.step(trial, S.REVERTED, "no gain", verdict="REVERT")
     ledger.close()
     return path
 

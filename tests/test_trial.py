@@ -180,9 +180,9 @@ def test_aa_trial_finds_no_effect(project: Project) -> None:
     record = Ledger(project.root / ".flagtrial" / "ledger.db").trial(outcome.trial_id).record
     assert record["design"]["kind"] == "interleaved"
     runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome.trial_id)
-    arms = {r["block"]: r["arm"] for r in runs}
+    arms = {r.block: r.arm for r in runs}
     assert arms[0] == "baseline" and sorted(set(arms.values())) == ["baseline", "candidate"]
-    assert all(r["foreign"] is not None and r["foreign"]["n_cpus"] >= 1 for r in runs)
+    assert all(r.foreign is not None and r.foreign["n_cpus"] >= 1 for r in runs)
     assert outcome.diff is not None and [c.name for c in outcome.diff.explicit] == ["model_alias"]
     shown = project.cli("show", str(outcome.trial_id)).stdout
     assert "foreign CPU" in shown and shown.count("candidate") >= 2
@@ -210,12 +210,12 @@ def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> No
         for hog in hogs:
             hog.kill()
     runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome.trial_id)
-    first = min(r["block"] for r in runs if r["arm"] == "candidate")
-    hit = [r for r in runs if r["block"] == first]
-    assert hit and all(r["disturbed"] and "foreign CPU" in r["disturbed"] for r in hit)
-    assert any(f"pid {hogs[0].pid}" in (r["disturbed"] or "") for r in hit)
+    first = min(r.block for r in runs if r.arm == "candidate")
+    hit = [r for r in runs if r.block == first]
+    assert hit and all(r.disturbed and "foreign CPU" in r.disturbed for r in hit)
+    assert any(f"pid {hogs[0].pid}" in (r.disturbed or "") for r in hit)
     # the same arm again in the next block, restarted
-    assert [r["arm"] for r in runs if r["block"] == first + 1] == ["candidate"]
+    assert [r.arm for r in runs if r.block == first + 1] == ["candidate"]
     assert any("again: the last was disturbed" in d for _, d in events)
     assert outcome.verdict.first({Code.DISTURBED}) is not None
 

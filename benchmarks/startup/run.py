@@ -27,6 +27,7 @@ from pathlib import Path
 
 from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
+from flagtrial.states import TrialState as S
 
 HERE = Path(__file__).parent
 GATES_QUERY = ["gates", "--attention-backend", "fa3", "--engine", "sglang==0.5.23", "--sm", "90"]
@@ -53,7 +54,9 @@ def make_project(root: Path) -> Path:
     trial = ledger.start_trial("llama.service", change, base.id)
     for arm in ("baseline", "candidate"):
         ledger.add_run(trial, arm, 4, 0, SUMMARY)
-    ledger.step(trial, "reverted", "no gain", candidate_gen=cand.id, verdict="REVERT")
+    for state in (S.PREFLIGHTED, S.MEASURING_BASELINE, S.JUDGED, S.REVERTING):
+        ledger.step(trial, state)
+    ledger.step(trial, S.REVERTED, "no gain", candidate_gen=cand.id, verdict="REVERT")
     ledger.close()
     return project
 

@@ -89,26 +89,26 @@ def one_trial(project: Path, change: Change) -> tuple[TrialOutcome, float]:
 def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> dict:
     db = Ledger(ledger)
     try:
-        runs = [r for r in db.runs(outcome.trial_id) if r["concurrency"] == LEVEL]
+        runs = [r for r in db.runs(outcome.trial_id) if r.concurrency == LEVEL]
     finally:
         db.close()
     verdict = outcome.verdict
     effect = next((e for e in verdict.effects if e.metric == primary), None)
     # why the measurement stopped: Stop.why, the first of the verdict's notes
     why = verdict.first(STOPS) or verdict.reasons[0]
-    foreign = [r["foreign"]["cpu_cores"] for r in runs if r["foreign"]]
+    foreign = [r.foreign["cpu_cores"] for r in runs if r.foreign]
     return {
         "decision": verdict.decision,
         "finding": verdict.finding,
         "why": why.message,
         "reason": verdict.reasons[0].message,
         "runs": len(runs),
-        "load_s": sum(r["summary"]["duration_s"] for r in runs),
+        "load_s": sum(r.summary["duration_s"] for r in runs),
         "wall_s": wall_s,
         "effect_pct": effect.pct if effect else None,
         "interval_pct": [effect.lo_pct, effect.hi_pct] if effect else None,
         "foreign_cores_median": float(np.median(foreign)) if foreign else 0.0,
-        "disturbed": sum(1 for r in runs if r["disturbed"]),
+        "disturbed": sum(1 for r in runs if r.disturbed),
     }
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from simulate import Noise, fixed_decision, fixed_trial, sequential_trial, welch_interval
 
 from flagtrial import stats
-from flagtrial.sequential import Design
+from flagtrial.designs import BeforeAfter, Interleaved
 from flagtrial.settings import Policy
 
 HERE = Path(__file__).parent
@@ -65,7 +65,9 @@ def _seq_cell(args: tuple[Noise, float, int, int, str, float]) -> dict:
     noise, effect, trials, seed, protocol, g = args
     stats.MIXTURE_VARIANCE = g
     policy = Policy() if protocol == "interleaved" else Policy(protocol="before-after", runs=6)
-    design = Design(protocol, 1, "simulated")  # type: ignore[arg-type]
+    design = (
+        Interleaved(1, "simulated") if protocol == "interleaved" else BeforeAfter(1, "simulated")
+    )
     rng = np.random.default_rng(seed)
     outs = [sequential_trial(policy, design, noise, effect, rng) for _ in range(trials)]
     return {

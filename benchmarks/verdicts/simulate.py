@@ -26,10 +26,11 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from flagtrial import stats
+from flagtrial.designs import Design
 from flagtrial.facts import Facts, diff_facts
 from flagtrial.guardrails import PRIMARY
 from flagtrial.load.summary import RunSummary
-from flagtrial.sequential import Continue, Design, Sequential
+from flagtrial.sequential import Continue, Sequential
 from flagtrial.settings import Policy
 
 REQUESTS_PER_RUN = 16
@@ -158,7 +159,7 @@ def sequential_trial(
     policy: Policy, design: Design, noise: Noise, effect_pct: float, rng: np.random.Generator
 ) -> Outcome:
     m = Machine(noise, rng)
-    seq = Sequential(policy, [8], design)
+    seq = Sequential(policy, [8], design=design)
     effect = math.log1p(effect_pct / 100)
     load = 0.0
     runs = 0

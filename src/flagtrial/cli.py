@@ -30,8 +30,9 @@ from flagtrial.errors import (
     UsageError,
 )
 from flagtrial.launch.spec import printable
-from flagtrial.ledger import FINISHED_STATES, Ledger, TrialRow
+from flagtrial.ledger import Ledger
 from flagtrial.projectfile import template
+from flagtrial.records import TrialRow
 from flagtrial.settings import (
     PROJECT_FILE,
     Project,
@@ -40,6 +41,7 @@ from flagtrial.settings import (
     parse_project,
     validate_project,
 )
+from flagtrial.states import FINAL
 
 # A command imports the engines, targets, trial and gate analysis it uses when it runs:
 # together they cost a start (httpx, asyncssh, numpy, scipy, the gate index) that --help,
@@ -754,7 +756,7 @@ def history(project: ProjectOpt = Path(PROJECT_FILE), json_out: JsonOpt = False)
     ids = {g.id for g in current.values() if g}
     ui.console.print(ui.generations_table(gens, next(iter(ids), None) if len(ids) == 1 else None))
     ui.console.print(ui.history_table(trials, gens))
-    if open_trials := [t for t in trials if t.state not in FINISHED_STATES]:
+    if open_trials := [t for t in trials if t.state not in FINAL]:
         for line in run(lambda: _open_trials(proj, open_trials)):
             ui.console.print(line, style="yellow", markup=False)
 
@@ -802,7 +804,11 @@ def show(
     events = ledger.events(trial_id)
     if json_out:
         emit_json(
-            {"trial": row.model_dump(), "runs": runs, "events": [e.model_dump() for e in events]}
+            {
+                "trial": row.model_dump(),
+                "runs": [r.model_dump() for r in runs],
+                "events": [e.model_dump() for e in events],
+            }
         )
         return
     ui.console.print(

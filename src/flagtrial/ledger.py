@@ -11,18 +11,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 from flagtrial.errors import LedgerError, UsageError
 from flagtrial.launch.spec import decode_spec, encode_spec, spec_sha256
 from flagtrial.reasons import Reason, coded
+from flagtrial.records import Event, Generation, RunRow, TrialRow
 from flagtrial.redact import Redactor
+from flagtrial.states import FINAL, TrialState, check
 
 SCHEMA_VERSION = 4
-
-# A trial in any other state has an open journal: it is running while its holder holds the
-# target's lock, and unfinished (to recover) once that holder is gone.
-FINISHED_STATES = ("kept", "reverted", "aborted", "recovered")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS generations (
@@ -86,37 +82,6 @@ ALTER TABLE generations DROP COLUMN spec_text;
 # Schema 3 -> 4: reasons carry their codes (flagtrial.reasons); one stored as plain text
 # becomes a reason of code "text" with its words (_coded_trial), in the trial's reasons and
 # in the verdict of its record.
-
-
-class Generation(BaseModel):
-    id: int
-    target: str
-    spec_text: str
-    spec_sha256: str
-    created_at: float
-    known_good: bool
-    facts: dict[str, Any] | None
-    note: str
-
-
-class TrialRow(BaseModel):
-    id: int
-    target: str
-    change: dict[str, Any]
-    baseline_gen: int
-    candidate_gen: int | None
-    state: str
-    verdict: str | None
-    reasons: list[Reason]
-    record: dict[str, Any]
-    started_at: float
-    finished_at: float | None
-
-
-class Event(BaseModel):
-    at: float
-    state: str
-    detail: str
 
 
 # The ledger holds launch specs as they are (secrets included, to restore them byte for
@@ -269,25 +234,37 @@ class Ledger:
             cur = db.execute(
                 "INSERT INTO trials (target, change_json, baseline_gen, state, started_at) "
                 "VALUES (?,?,?,?,?)",
-                (target, json.dumps(secrets.data(change)), baseline_gen, "planned", time.time()),
+                (
+                    target,
+                    json.dumps(secrets.data(change)),
+                    baseline_gen,
+                    TrialState.PLANNED,
+                    time.time(),
+                ),
             )
             trial_id = int(cur.lastrowid or 0)
             db.execute(
                 "INSERT INTO events (trial_id, at, state, detail) VALUES (?,?,?,?)",
-                (trial_id, time.time(), "planned", ""),
+                (trial_id, time.time(), TrialState.PLANNED, ""),
             )
         return trial_id
 
-    def step(self, trial_id: int, state: str, detail: str = "", **fields: Any) -> None:
+    def step(self, trial_id: int, state: TrialState, detail: str = "", **fields: Any) -> None:
         """Journal one step: the trial's state and any of its columns, plus a timeline event.
-        Only spec texts are needed to restore: what a step records is kept redacted."""
+        A step the state machine does not allow from the trial's state is refused
+        (states.TransitionError), nothing written. Only spec texts are needed to restore:
+        what a step records is kept redacted."""
         secrets = self.redactor()
         detail = secrets.text(detail)
-        columns = {"state": state}
+        columns: dict[str, Any] = {"state": state.value}
         for key, value in fields.items():
             columns[key] = json.dumps(secrets.data(value)) if key.endswith("_json") else value
         assignments = ", ".join(f"{k}=?" for k in columns)
         with self.tx() as db:
+            row = db.execute("SELECT state FROM trials WHERE id=?", (trial_id,)).fetchone()
+            if row is None:
+                raise UsageError(f"no trial {trial_id} in {self.path}")
+            check(TrialState(row["state"]), state, trial_id)
             db.execute(f"UPDATE trials SET {assignments} WHERE id=?", (*columns.values(), trial_id))
             db.execute(
                 "INSERT INTO events (trial_id, at, state, detail) VALUES (?,?,?,?)",
@@ -331,10 +308,10 @@ class Ledger:
     def unfinished_trials(self, target: str) -> list[TrialRow]:
         """Trials of `target` whose journal is open: unfinished only for a caller that holds
         the target's lock or found it free (Target.lock_holder), running otherwise."""
-        marks = ",".join("?" * len(FINISHED_STATES))
+        marks = ",".join("?" * len(FINAL))
         rows = self.db.execute(
             f"SELECT * FROM trials WHERE target=? AND state NOT IN ({marks}) ORDER BY id",
-            (target, *FINISHED_STATES),
+            (target, *FINAL),
         ).fetchall()
         return [self._trial(r) for r in rows]
 
@@ -345,22 +322,22 @@ class Ledger:
         secrets = self.redactor()
         return [Event(at=r["at"], state=r["state"], detail=secrets.text(r["detail"])) for r in rows]
 
-    def runs(self, trial_id: int) -> list[dict[str, Any]]:
+    def runs(self, trial_id: int) -> list[RunRow]:
         rows = self.db.execute(
             "SELECT arm, concurrency, run_index, summary_json, block, disturbed, foreign_json "
             "FROM runs WHERE trial_id=? ORDER BY id",
             (trial_id,),
         ).fetchall()
         return [
-            {
-                "arm": r["arm"],
-                "concurrency": r["concurrency"],
-                "run_index": r["run_index"],
-                "block": r["block"],
-                "summary": json.loads(r["summary_json"]),
-                "disturbed": r["disturbed"],
-                "foreign": json.loads(r["foreign_json"]) if r["foreign_json"] else None,
-            }
+            RunRow(
+                arm=r["arm"],
+                concurrency=r["concurrency"],
+                run_index=r["run_index"],
+                block=r["block"],
+                summary=json.loads(r["summary_json"]),
+                disturbed=r["disturbed"],
+                foreign=json.loads(r["foreign_json"]) if r["foreign_json"] else None,
+            )
             for r in rows
         ]
 

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import plotly.graph_objects as go
 from jinja2 import Environment, PackageLoader, select_autoescape
 from plotly.subplots import make_subplots
 
-from flagtrial.facts import CAPACITY_LABELS, SettingChange
+from flagtrial.facts import CAPACITY_LABELS
 from flagtrial.guardrails import METRICS
-from flagtrial.judge import Effect
 from flagtrial.ledger import Ledger
+from flagtrial.records import RunRow
 
 PLOTTED = ("output_tok_s", "ttft_p50", "ttft_p99", "itl_p50")
 
 
-def _plots(runs: list[dict[str, Any]]) -> str:
+def _plots(runs: list[RunRow]) -> str:
     """Per-run values in the order measured, one panel per metric, coloured by arm; a run
     with foreign load is drawn as an x, its reason in the hover text."""
     if not runs:
@@ -29,23 +28,23 @@ def _plots(runs: list[dict[str, Any]]) -> str:
             for flagged in (False, True):
                 points = [
                     (i, r) for i, r in enumerate(runs, start=1)
-                    if r["arm"] == arm and bool(r.get("disturbed")) == flagged
-                    and r["summary"].get(metric) is not None
+                    if r.arm == arm and bool(r.disturbed) == flagged
+                    and r.summary.get(metric) is not None
                 ]  # fmt: skip
                 if not points:
                     continue
                 fig.add_trace(
                     go.Scatter(
                         x=[i for i, _ in points],
-                        y=[r["summary"][metric] for _, r in points],
+                        y=[r.summary[metric] for _, r in points],
                         mode="markers",
                         name=f"{arm} (foreign load)" if flagged else arm,
                         legendgroup=f"{arm}{flagged}",
                         showlegend=col == 1,
                         marker={"color": colour, "size": 9, "symbol": "x" if flagged else "circle"},
                         text=[
-                            f"block {r.get('block', 0) + 1}, c={r['concurrency']}"
-                            + (f"<br>{r['disturbed']}" if flagged else "")
+                            f"block {r.block + 1}, c={r.concurrency}"
+                            + (f"<br>{r.disturbed}" if flagged else "")
                             for _, r in points
                         ],
                     ),
@@ -60,16 +59,13 @@ def _plots(runs: list[dict[str, Any]]) -> str:
 
 def render_html(ledger: Ledger, trial_id: int) -> str:
     trial = ledger.trial(trial_id)
-    record = trial.record
-    diff = record.get("diff") or {}
+    diff = trial.diff
     capacity = [
-        {"label": CAPACITY_LABELS.get(c["name"], c["name"]), "before": c["before"],
-         "after": c["after"],
-         "pct": 0.0 if not c["before"] else (c["after"] - c["before"]) / c["before"] * 100}
-        for c in diff.get("capacity", [])
+        {"label": CAPACITY_LABELS.get(c.name, c.name), "before": c.before, "after": c.after,
+         "pct": c.pct}
+        for c in (diff.capacity if diff else [])
     ]  # fmt: skip
-    implicit = [SettingChange.model_validate(c).describe() for c in diff.get("implicit", [])]
-    effects = [Effect.model_validate(e) for e in (record.get("verdict") or {}).get("effects", [])]
+    implicit = [c.describe() for c in (diff.implicit if diff else [])]
     env = Environment(
         loader=PackageLoader("flagtrial", "templates"), autoescape=select_autoescape(["j2"])
     )
@@ -82,7 +78,7 @@ def render_html(ledger: Ledger, trial_id: int) -> str:
         started=time.strftime("%F %T", time.localtime(trial.started_at)),
         capacity=capacity,
         implicit=implicit,
-        effects=effects,
+        effects=trial.effects,
         plots=_plots(ledger.runs(trial_id)),
         events=events,
     )

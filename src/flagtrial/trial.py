@@ -43,11 +43,13 @@ from flagtrial.launch.change import (
     names_touched,
 )
 from flagtrial.launch.spec import LaunchSpec, byte_difference
-from flagtrial.ledger import Generation, Ledger
+from flagtrial.ledger import Ledger
 from flagtrial.load.runner import run_level
 from flagtrial.reasons import Code, Reason
-from flagtrial.sequential import Arm, Continue, Sequential, choose_design
+from flagtrial.records import Generation
+from flagtrial.sequential import Arm, Continue, Sequential
 from flagtrial.settings import Project
+from flagtrial.states import TrialState
 from flagtrial.targets.base import Target
 from flagtrial.targets.holder import held_message
 
@@ -152,14 +154,17 @@ class Session:
             raise LockHeldError(held_message(self.target.name, holder))
         for trial in self.ledger.unfinished_trials(self.target.name):
             self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
-            facts_after = trial.record.get("facts_after")
+            facts_after = trial.facts_after
             if trial.verdict == "KEEP" and trial.candidate_gen and facts_after:
                 candidate = self.ledger.generation(trial.candidate_gen)
-                promoted = await self.restore(candidate, Facts.model_validate(facts_after))
+                promoted = await self.restore(candidate, facts_after)
                 if promoted.verified:
-                    self.ledger.mark_known_good(candidate.id, facts_after)
+                    self.ledger.mark_known_good(candidate.id, trial.record["facts_after"])
                     self.ledger.step(
-                        trial.id, "kept", "recovered: promotion finished", finished_at=time.time()
+                        trial.id,
+                        TrialState.KEPT,
+                        "recovered: promotion finished",
+                        finished_at=time.time(),
                     )
                     continue
                 self.notify("recover", "the kept candidate came back different: "
@@ -167,7 +172,7 @@ class Session:
             restore = await self.restore(self.ledger.generation(trial.baseline_gen))
             self.ledger.step(
                 trial.id,
-                "recovered",
+                TrialState.RECOVERED,
                 "recovered: " + _restore_detail(restore),
                 finished_at=time.time(),
             )
@@ -271,146 +276,110 @@ async def _ready(engine: Engine, client: httpx.AsyncClient, base_url: str) -> bo
         return False
 
 
-class Trial:
-    """One change measured against the known-good by the sequential procedure
-    (flagtrial.sequential): the procedure says which arm to measure next and whether to
-    restart into it; the trial installs, restarts, checks facts and samples foreign load."""
+class Journal:
+    """One trial's journal: each step written before it is acted on (write-ahead), then
+    announced; `context` goes into every record the trial writes."""
 
-    def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
+    def __init__(self, session: Session, trial_id: int, context: dict[str, Any]) -> None:
         self.s = session
-        self.change = change
-        # deploy even when the engine's source says the change fails at startup here
-        self.force = force
-        self.gate_reasons: list[Reason] = []
-        self.notes: list[Reason] = []  # added to the verdict's reasons
-        self.trial_id = 0
-        self.context: dict[str, Any] = {}
-        # True once the server is on a judged spec (kept candidate or verified restore):
-        # from then on an interruption must not revert anything.
-        self._settled = False
-        # True from the first install of the candidate: from then on any failure restores.
-        self._touched = False
-        self._gates_checked = False
-        self.installed: Arm = "baseline"
-        self.runs_done: dict[Arm, int] = {"baseline": 0, "candidate": 0}
-        self.baseline_facts: Facts | None = None  # the known-good's facts at its last restart
-        self.facts_after: Facts | None = None
-        self.diff: FactsDiff | None = None
-        self._clock = 0.0
+        self.trial_id = trial_id
+        # the host the trial ran on and what preflight said; the design and the source
+        # gates' findings once known
+        self.context = context
 
-    def _step(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Journal a step before acting on it (write-ahead), then announce it."""
+    def step(self, state: TrialState, detail: str = "", **fields: Any) -> None:
         if "record_json" in fields:
             fields["record_json"] = {**self.context, **fields["record_json"]}
         self.s.ledger.step(self.trial_id, state, detail, **fields)
         self.s.notify(state, detail)
         checkpoint(state)
 
-    async def run(self) -> TrialOutcome:
-        s = self.s
-        policy = s.project.policy
-        self.good, spec, self.facts_before = await s.known_good()
-        self.baseline_facts = self.facts_before
-        checked = await s.preflight(spec, self.change)
-        self.named = checked.named_settings
-        self.specs: dict[Arm, LaunchSpec] = {"baseline": spec, "candidate": checked.candidate}
-        self.candidate_gen = s.ledger.record_generation(
-            s.target.name, checked.candidate.text, note="candidate"
-        )
-        host = await s.target.host_facts()
-        # kept in every record of this trial: the host it ran on and what preflight said
-        self.context = {"host": host.model_dump(), "preflight_notes": checked.notes}
-        # The source gate analysis runs beside the first baseline runs, not before them.
-        self.gate_task = asyncio.create_task(
-            gating.analyze(s.engine.name, self.facts_before.version, self.change,
-                           checked.candidate, gating.gate_host(host, s.project.gpu))
-        )  # fmt: skip
-        self.trial_id = s.ledger.start_trial(s.target.name, self.change.model_dump(), self.good.id)
-        self._step(
-            "preflighted",
-            "; ".join([f"candidate is generation {self.candidate_gen.id}", *checked.notes]),
-            candidate_gen=self.candidate_gen.id,
-            record_json={},
-        )
-        seq = Sequential(policy, s.project.workload.concurrency, design=None)
-        try:
-            self._clock = time.monotonic()
-            while isinstance(step := seq.decision(), Continue):
-                if step.restart:
-                    early = await self._enter(step.arm, seq)
-                    if early is not None:
-                        return await self._finish(early)
-                if step.warmup:
-                    gen = self.good if step.arm == "baseline" else self.candidate_gen
-                    self._step(
-                        "measuring-baseline" if step.arm == "baseline" else "measuring",
-                        f"generation {gen.id}: {step.step}",
-                    )
-                try:
-                    await self._measure(seq, step)
-                except ServerDiedError as e:
-                    if step.arm == "baseline" and not self._touched:
-                        raise await self._restart_known_good(e) from None
-                    if step.arm == "baseline":
-                        raise
-                    died = Reason(code=Code.SERVER_DIED, values={"error": str(e)})
-                    return await self._finish(Verdict.revert(died))
-                if seq.design is None:
-                    seq.design = choose_design(policy, self.facts_before.ready_s, seq.clock_s)
-                    s.notify("design", seq.design.why)
-                    self.context["design"] = dataclasses.asdict(seq.design)
-            diff = self.diff or diff_facts(self.facts_before, self.facts_before, set())
-            return await self._finish(step.verdict(policy, diff))
-        except BaseException as e:
-            # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
-            self.gate_task.cancel()
-            if not self._touched:
-                with contextlib.suppress(Exception):
-                    self._step("aborted", f"{type(e).__name__}: {e}")
-                raise
-            if self._settled:
-                raise
-            with contextlib.suppress(Exception):
-                self._step(
-                    "reverting",
-                    f"interrupted ({type(e).__name__}): restoring generation {self.good.id}",
-                )
-            try:
-                restore = await asyncio.shield(s.restore(self.good))
-            except Exception:
-                # The journal stays unfinished; the next command recovers from it.
-                raise e from None
-            with contextlib.suppress(Exception):
-                self._step("reverted", _restore_detail(restore), finished_at=time.time())
-            raise
 
-    async def _restart_known_good(self, died: ServerDiedError) -> ServerDiedError:
-        """The known-good died while measured as found (nothing of the candidate installed):
-        start it again, so the trial never leaves the server down, and say how it came back."""
-        self._step("restarting", f"known-good, after it died: {died}")
-        try:
-            restore = await self.s.restore(self.good)
-        except FlagtrialError as e:
-            return ServerDiedError(f"{died}; restarting the known-good failed too: {e}")
-        return ServerDiedError(f"{died}; restarted: {_restore_detail(restore)}")
+@dataclass
+class Plan:
+    """What is fixed before the first run: the known-good as found, the candidate, and the
+    journal the trial writes."""
 
-    async def _enter(self, arm: Arm, seq: Sequential) -> Verdict | None:
+    good: Generation
+    candidate_gen: Generation
+    specs: dict[Arm, LaunchSpec]
+    facts_before: Facts  # the known-good's, as the trial found it
+    named: set[str]  # resolved settings the change names
+    gate_task: asyncio.Task[list[GateFinding]]
+    journal: Journal
+
+    def generation(self, arm: Arm) -> Generation:
+        return self.good if arm == "baseline" else self.candidate_gen
+
+
+async def plan(s: Session, change: Change) -> Plan:
+    """Preflight the change, record the candidate and open the trial's journal; the source
+    gate analysis starts, to run beside the first baseline runs, not before them."""
+    good, spec, facts_before = await s.known_good()
+    checked = await s.preflight(spec, change)
+    candidate_gen = s.ledger.record_generation(
+        s.target.name, checked.candidate.text, note="candidate"
+    )
+    host = await s.target.host_facts()
+    gate_task = asyncio.create_task(
+        gating.analyze(s.engine.name, facts_before.version, change, checked.candidate,
+                       gating.gate_host(host, s.project.gpu))
+    )  # fmt: skip
+    trial_id = s.ledger.start_trial(s.target.name, change.model_dump(), good.id)
+    journal = Journal(s, trial_id, {"host": host.model_dump(), "preflight_notes": checked.notes})
+    journal.step(
+        TrialState.PREFLIGHTED,
+        "; ".join([f"candidate is generation {candidate_gen.id}", *checked.notes]),
+        candidate_gen=candidate_gen.id,
+        record_json={},
+    )
+    return Plan(
+        good=good,
+        candidate_gen=candidate_gen,
+        specs={"baseline": spec, "candidate": checked.candidate},
+        facts_before=facts_before,
+        named=checked.named_settings,
+        gate_task=gate_task,
+        journal=journal,
+    )
+
+
+class Arms:
+    """Switching the server between the known-good and the candidate: install, restart,
+    check the facts each restart reads."""
+
+    def __init__(self, s: Session, plan: Plan, *, force: bool) -> None:
+        self.s = s
+        self.plan = plan
+        # deploy even when the engine's source says the change fails at startup here
+        self.force = force
+        self.installed: Arm = "baseline"
+        # True from the first install of the candidate: from then on any failure restores.
+        self.touched = False
+        self.gates_checked = False
+        self.gate_reasons: list[Reason] = []
+        self.notes: list[Reason] = []  # added to the verdict's reasons
+        self.baseline_facts: Facts | None = plan.facts_before  # at its last restart
+        self.facts_after: Facts | None = None
+        self.diff: FactsDiff | None = None
+
+    async def enter(self, arm: Arm, seq: Sequential) -> Verdict | None:
         """Install `arm` if it is not installed, restart into it and check its facts. Returns
         a verdict when the trial must end here (the candidate did not start, or broke a
         guardrail with capacity_guard = "revert", or the known-good came back different)."""
-        s = self.s
-        if not self._gates_checked:
+        s, plan = self.s, self.plan
+        if not self.gates_checked:
             # Before the first restart of any kind: a change that fails at startup here
             # must not cost the known-good even one restart.
-            self._gates_checked = True
-            await self._check_gates(self.gate_task)
+            self.gates_checked = True
+            await self._check_gates()
         if self.installed != arm:
-            gen = self.good if arm == "baseline" else self.candidate_gen
-            self._step("installing", f"generation {gen.id} ({_ARM_NAMES[arm]})")
-            self._touched = True  # before the install: a kill inside it must restore
-            await s.target.install_spec(self.specs[arm])
+            gen = plan.generation(arm)
+            plan.journal.step(TrialState.INSTALLING, f"generation {gen.id} ({_ARM_NAMES[arm]})")
+            self.touched = True  # before the install: a kill inside it must restore
+            await s.target.install_spec(plan.specs[arm])
             self.installed = arm
-        self._step("restarting", _ARM_NAMES[arm])
+        plan.journal.step(TrialState.RESTARTING, _ARM_NAMES[arm])
         try:
             facts = await s.restart_and_read()
         except ServerNotReadyError as e:
@@ -419,7 +388,7 @@ class Trial:
             return Verdict.revert(Reason(code=Code.CANDIDATE_NOT_READY, values={"error": str(e)}))
         tolerance = s.engine.capacity_tolerance_pct
         if arm == "baseline":
-            mismatches = verify_facts(self.facts_before, facts, tolerance)
+            mismatches = verify_facts(plan.facts_before, facts, tolerance)
             self.baseline_facts = facts if not mismatches else None
             if mismatches:
                 void = {"mismatches": "; ".join(mismatches)}
@@ -432,9 +401,9 @@ class Trial:
                 self.notes.append(Reason(code=Code.CANDIDATE_FACTS_CHANGED, values=changed))
             return None
         self.facts_after = facts
-        self.diff = diff_facts(self.facts_before, facts, self.named)
-        self._step(
-            "facts",
+        self.diff = diff_facts(plan.facts_before, facts, plan.named)
+        plan.journal.step(
+            TrialState.FACTS,
             "; ".join(c.describe() for c in self.diff.capacity),
             record_json={"facts_after": facts.model_dump(), "diff": self.diff.model_dump()},
         )
@@ -442,12 +411,59 @@ class Trial:
         if breach and s.project.policy.capacity_guard == "revert":
             return Verdict.revert(breach, Reason(code=Code.CAPACITY_GUARD_REVERT))
         if breach:
-            seq.forced = "capacity guardrail"
+            seq.breached("capacity guardrail")
         return None
 
-    async def _measure(self, seq: Sequential, step: Continue) -> None:
-        """One run at every workload level on the running arm, each between two samples of
-        the server machine's foreign load."""
+    async def keep_candidate(self, facts_after: Facts) -> list[str]:
+        """Install the candidate again to keep it (the measurement ended on the known-good),
+        restart it and compare its facts with those it was judged on: the mismatches."""
+        s, plan = self.s, self.plan
+        plan.journal.step(TrialState.INSTALLING, f"generation {plan.candidate_gen.id}, to keep it")
+        await s.target.install_spec(plan.specs["candidate"])
+        self.installed = "candidate"
+        plan.journal.step(TrialState.RESTARTING, "candidate, to keep it")
+        facts = await s.restart_and_read()
+        return verify_facts(facts_after, facts, s.engine.capacity_tolerance_pct)
+
+    async def restart_known_good(self, died: ServerDiedError) -> ServerDiedError:
+        """The known-good died while measured as found (nothing of the candidate installed):
+        start it again, so the trial never leaves the server down, and say how it came back."""
+        self.plan.journal.step(TrialState.RESTARTING, f"known-good, after it died: {died}")
+        try:
+            restore = await self.s.restore(self.plan.good)
+        except FlagtrialError as e:
+            return ServerDiedError(f"{died}; restarting the known-good failed too: {e}")
+        return ServerDiedError(f"{died}; restarted: {_restore_detail(restore)}")
+
+    async def _check_gates(self) -> None:
+        findings = await self.plan.gate_task
+        if not findings:
+            return
+        journal = self.plan.journal
+        journal.context["gates"] = [f.model_dump(mode="json") for f in findings]
+        self.gate_reasons = gating.reasons(findings)
+        journal.step(TrialState.GATES, "; ".join(f"{f.flag}: {f.outcome.value}" for f in findings),
+                     record_json={})  # fmt: skip
+        fails = gating.failing(findings)
+        if fails and not self.force:
+            first = fails[0]
+            raise GateError(
+                f"{first.flag} fails at startup on this GPU per {first.engine} {first.version}'s "
+                f"source: {first.reason} (see `flagtrial preflight`; --force deploys anyway)"
+            )
+
+
+class Blocks:
+    """Measuring a block: one run at every workload level on the running arm, each between
+    two samples of the server machine's foreign load, passed to the procedure."""
+
+    def __init__(self, s: Session, journal: Journal) -> None:
+        self.s = s
+        self.journal = journal
+        self.runs_done: dict[Arm, int] = {"baseline": 0, "candidate": 0}
+        self.clock = time.monotonic()  # when the last run ended (observe's elapsed_s)
+
+    async def measure(self, seq: Sequential, step: Continue) -> None:
         s = self.s
         project = s.project
         arm = step.arm
@@ -484,11 +500,11 @@ class Trial:
                 result.summary,
                 records=result.records,
                 disturbed=why,
-                elapsed_s=now - self._clock,
+                elapsed_s=now - self.clock,
             )
-            self._clock = now
+            self.clock = now
             s.ledger.add_run(
-                self.trial_id, arm, level, index, result.summary.model_dump(),
+                self.journal.trial_id, arm, level, index, result.summary.model_dump(),
                 block=step.block, disturbed=why, foreign=dataclasses.asdict(load) if load else None,
             )  # fmt: skip
             checkpoint(f"{arm}-run-{index + 1}")
@@ -499,106 +515,166 @@ class Trial:
                 + (f"; {'set aside' if set_aside else 'counted'}, {why}" if why else ""),
             )
 
-    async def _check_gates(self, task: asyncio.Task[list[GateFinding]]) -> None:
-        findings = await task
-        if not findings:
-            return
-        self.context["gates"] = [f.model_dump(mode="json") for f in findings]
-        self.gate_reasons = gating.reasons(findings)
-        self._step("gates", "; ".join(f"{f.flag}: {f.outcome.value}" for f in findings),
-                   record_json={})  # fmt: skip
-        fails = gating.failing(findings)
-        if fails and not self.force:
-            first = fails[0]
-            raise GateError(
-                f"{first.flag} fails at startup on this GPU per {first.engine} {first.version}'s "
-                f"source: {first.reason} (see `flagtrial preflight`; --force deploys anyway)"
-            )
 
-    async def _finish(self, verdict: Verdict) -> TrialOutcome:
+class Trial:
+    """One change measured against the known-good by the sequential procedure
+    (flagtrial.sequential): the procedure says which arm to measure next and whether to
+    restart into it; the trial's parts plan it (Plan), switch arms (Arms: install, restart,
+    facts), measure a block (Blocks: runs with foreign-load samples) and finish it."""
+
+    def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
+        self.s = session
+        self.change = change
+        self.force = force
+        # True once the server is on a judged spec (kept candidate or verified restore):
+        # from then on an interruption must not revert anything.
+        self._settled = False
+
+    async def run(self) -> TrialOutcome:
+        s = self.s
+        policy = s.project.policy
+        p = await plan(s, self.change)
+        arms = Arms(s, p, force=self.force)
+        seq = Sequential(policy, s.project.workload.concurrency, restart_s=p.facts_before.ready_s)
+        try:
+            blocks = Blocks(s, p.journal)
+            while isinstance(step := seq.decision(), Continue):
+                if step.restart:
+                    early = await arms.enter(step.arm, seq)
+                    if early is not None:
+                        return await self._finish(p, arms, early)
+                if step.warmup:
+                    p.journal.step(
+                        TrialState.MEASURING_BASELINE
+                        if step.arm == "baseline"
+                        else TrialState.MEASURING,
+                        f"generation {p.generation(step.arm).id}: {step.step}",
+                    )
+                try:
+                    await blocks.measure(seq, step)
+                except ServerDiedError as e:
+                    if step.arm == "baseline" and not arms.touched:
+                        raise await arms.restart_known_good(e) from None
+                    if step.arm == "baseline":
+                        raise
+                    died = Reason(code=Code.SERVER_DIED, values={"error": str(e)})
+                    return await self._finish(p, arms, Verdict.revert(died))
+                if (d := seq.design) is not None and "design" not in p.journal.context:
+                    # chosen by the procedure once the first block is measured
+                    s.notify("design", d.why)
+                    p.journal.context["design"] = {
+                        "kind": d.kind,
+                        "runs_per_block": d.runs_per_block,
+                        "why": d.why,
+                    }
+            diff = arms.diff or diff_facts(p.facts_before, p.facts_before, set())
+            return await self._finish(p, arms, step.verdict(policy, diff))
+        except BaseException as e:
+            # Ctrl-C, SIGTERM, a lost link, a crash of our own code: never leave the candidate.
+            p.gate_task.cancel()
+            if self._settled:
+                raise  # the journal is closed (kept or reverted)
+            if not arms.touched:
+                with contextlib.suppress(Exception):
+                    p.journal.step(TrialState.ABORTED, f"{type(e).__name__}: {e}")
+                raise
+            with contextlib.suppress(Exception):
+                p.journal.step(
+                    TrialState.REVERTING,
+                    f"interrupted ({type(e).__name__}): restoring generation {p.good.id}",
+                )
+            try:
+                restore = await asyncio.shield(s.restore(p.good))
+            except Exception:
+                # The journal stays unfinished; the next command recovers from it.
+                raise e from None
+            with contextlib.suppress(Exception):
+                p.journal.step(
+                    TrialState.REVERTED, _restore_detail(restore), finished_at=time.time()
+                )
+            raise
+
+    async def _finish(self, p: Plan, arms: Arms, verdict: Verdict) -> TrialOutcome:
         """Act on the verdict: keep the candidate (installing it again if the measurement
         ended on the known-good) or restore the known-good (no restart when the measurement
         ended on it, its facts verified at its last restart)."""
         s = self.s
-        verdict = verdict.adding(*self.notes, *self.gate_reasons)
-        self._step(
-            "judged",
+        verdict = verdict.adding(*arms.notes, *arms.gate_reasons)
+        p.journal.step(
+            TrialState.JUDGED,
             verdict.decision,
             verdict=verdict.decision,
             reasons_json=_reasons_json(verdict),
-            record_json=self._record(verdict),
+            record_json=_record(p, arms, verdict),
         )
         keep = verdict.decision == "KEEP" or (
             verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
-        if keep and self.facts_after is not None and self.installed == "baseline":
-            self._step("installing", f"generation {self.candidate_gen.id}, to keep it")
-            await s.target.install_spec(self.specs["candidate"])
-            self.installed = "candidate"
-            self._step("restarting", "candidate, to keep it")
-            facts = await s.restart_and_read()
-            mismatches = verify_facts(self.facts_after, facts, s.engine.capacity_tolerance_pct)
+        if keep and arms.facts_after is not None and arms.installed == "baseline":
+            mismatches = await arms.keep_candidate(arms.facts_after)
             if mismatches:
                 keep = False
                 changed = {"mismatches": "; ".join(mismatches)}
                 verdict = verdict.adding(before=[Reason(code=Code.NOT_KEPT, values=changed)])
         restore = None
-        if keep and self.facts_after is not None:
-            s.ledger.mark_known_good(self.candidate_gen.id, self.facts_after.model_dump())
+        if keep and arms.facts_after is not None:
+            s.ledger.mark_known_good(p.candidate_gen.id, arms.facts_after.model_dump())
             self._settled = True
-            self._step(
-                "kept",
-                f"generation {self.candidate_gen.id} is now known-good",
+            p.journal.step(
+                TrialState.KEPT,
+                f"generation {p.candidate_gen.id} is now known-good",
                 finished_at=time.time(),
             )
         else:
-            serving = self.installed == "baseline" and self.baseline_facts is not None
-            self._step(
-                "reverting",
-                f"generation {self.good.id} already serving, verified at its last restart"
-                if serving
-                else f"restoring generation {self.good.id}",
-            )
-            if serving:
-                # Already serving, restarted and verified for the last measurement block.
-                restore = Restore(
-                    generation=self.good.id, facts=self.baseline_facts, verified=True,
-                    mismatches=[],
-                )  # fmt: skip
-            else:
-                restore = await s.restore(self.good)
-            self._settled = True
-            self._step(
-                "reverted",
-                _restore_detail(restore),
-                finished_at=time.time(),
-                reasons_json=_reasons_json(verdict),
-                record_json={**self._record(verdict), "restore": restore.model_dump()},
-            )
-            if not restore.verified:
-                raise RollbackError(
-                    f"restored generation {self.good.id} but its facts differ: "
-                    + "; ".join(restore.mismatches)
-                )
+            restore = await self._revert(p, arms, verdict)
         return TrialOutcome(
-            trial_id=self.trial_id,
+            trial_id=p.journal.trial_id,
             verdict=verdict,
             outcome="kept" if keep else "reverted",
-            baseline_gen=self.good.id,
-            candidate_gen=self.candidate_gen.id,
-            facts_before=self.facts_before,
-            facts_after=self.facts_after,
-            diff=self.diff,
+            baseline_gen=p.good.id,
+            candidate_gen=p.candidate_gen.id,
+            facts_before=p.facts_before,
+            facts_after=arms.facts_after,
+            diff=arms.diff,
             restore=restore,
         )
 
-    def _record(self, verdict: Verdict) -> dict[str, Any]:
-        return {
-            "verdict": verdict.model_dump(),
-            "facts_before": self.facts_before.model_dump(),
-            "facts_after": self.facts_after.model_dump() if self.facts_after else None,
-            "diff": self.diff.model_dump() if self.diff else None,
-        }
+    async def _revert(self, p: Plan, arms: Arms, verdict: Verdict) -> Restore:
+        serving = arms.baseline_facts if arms.installed == "baseline" else None
+        p.journal.step(
+            TrialState.REVERTING,
+            f"generation {p.good.id} already serving, verified at its last restart"
+            if serving is not None
+            else f"restoring generation {p.good.id}",
+        )
+        if serving is not None:
+            # Already serving, restarted and verified for the last measurement block.
+            restore = Restore(generation=p.good.id, facts=serving, verified=True, mismatches=[])
+        else:
+            restore = await self.s.restore(p.good)
+        self._settled = True
+        p.journal.step(
+            TrialState.REVERTED,
+            _restore_detail(restore),
+            finished_at=time.time(),
+            reasons_json=_reasons_json(verdict),
+            record_json={**_record(p, arms, verdict), "restore": restore.model_dump()},
+        )
+        if not restore.verified:
+            raise RollbackError(
+                f"restored generation {p.good.id} but its facts differ: "
+                + "; ".join(restore.mismatches)
+            )
+        return restore
+
+
+def _record(p: Plan, arms: Arms, verdict: Verdict) -> dict[str, Any]:
+    return {
+        "verdict": verdict.model_dump(),
+        "facts_before": p.facts_before.model_dump(),
+        "facts_after": arms.facts_after.model_dump() if arms.facts_after else None,
+        "diff": arms.diff.model_dump() if arms.diff else None,
+    }
 
 
 _ARM_NAMES: dict[Arm, str] = {"baseline": "known-good", "candidate": "candidate"}

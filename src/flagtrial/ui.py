@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from flagtrial.engines.base import PhaseName, StartProgress
     from flagtrial.facts import Facts, FactsDiff, Limit, Rewrite
     from flagtrial.judge import Effect
-    from flagtrial.ledger import Event, Generation, TrialRow
+    from flagtrial.records import Event, Generation, RunRow, TrialRow
     from flagtrial.targets.base import HostFacts
     from flagtrial.trial import Restore, TrialOutcome
 
@@ -295,24 +295,24 @@ def timeline(events: list[Event]) -> Table:
     return table
 
 
-def runs_table(runs: list[dict[str, Any]]) -> Table:
+def runs_table(runs: list[RunRow]) -> Table:
     """Every run in the order measured: its restart block, arm, level, speed and the
     foreign load around it (with the reason when hygiene flagged it)."""
     table = Table(title="runs", title_justify="left")
     for name in ("#", "block", "arm", "c", "tok/s", "TTFT p99", "errors", "foreign CPU", "flag"):
         table.add_column(name, justify="left" if name in ("arm", "flag") else "right")
     for i, r in enumerate(runs, start=1):
-        s = r["summary"]
-        foreign = r.get("foreign")
+        s = r.summary
+        foreign = r.foreign
         table.add_row(
             str(i),
-            str(r.get("block", 0) + 1),
-            r["arm"],
-            str(r["concurrency"]),
+            str(r.block + 1),
+            r.arm,
+            str(r.concurrency),
             f"{s.get('output_tok_s') or 0:.1f}",
             f"{s['ttft_p99']:.3g}" if s.get("ttft_p99") is not None else "-",
             str(s.get("n_errors", 0)),
             f"{foreign['cpu_cores']:.2f}" if foreign else "-",
-            r.get("disturbed") or "",
+            r.disturbed or "",
         )
     return table

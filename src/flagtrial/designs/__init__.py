@@ -1,0 +1,43 @@
+"""Measurement designs, one file each behind the Design protocol (base.py), and the choice
+between them by what a restart costs against a run (choose_design)."""
+
+from __future__ import annotations
+
+import math
+
+from flagtrial.designs.base import Arm, Block, Design, DesignKind, Phase, Run
+from flagtrial.designs.before_after import BeforeAfter
+from flagtrial.designs.interleaved import Interleaved
+from flagtrial.settings import Policy
+
+__all__ = [
+    "Arm",
+    "BeforeAfter",
+    "Block",
+    "Design",
+    "DesignKind",
+    "Interleaved",
+    "Phase",
+    "Run",
+    "choose_design",
+]
+
+# Longest restart block worth interleaving: beyond it, blocks are too few for pairs to help.
+MAX_RUNS_PER_BLOCK = 4
+
+
+def choose_design(policy: Policy, restart_s: float | None, run_s: float) -> Design:
+    """Interleave when a restart (and its warm-up) costs at most `restart_overhead_max` of a
+    block of at most MAX_RUNS_PER_BLOCK runs; otherwise before-after. An unknown restart
+    cost counts as expensive."""
+    # Overhead of a block of k runs: restart / (restart + k run) <= restart_overhead_max.
+    o = policy.restart_overhead_max
+    if restart_s is None:
+        k, cost = MAX_RUNS_PER_BLOCK + 1, f"restart time unknown, run {run_s:.1f}s"
+    else:
+        k = max(1, math.ceil(restart_s * (1 - o) / (o * max(run_s, 1e-9))))
+        cost = f"restart {restart_s:.1f}s, run {run_s:.1f}s"
+    if policy.protocol == "before-after" or (policy.protocol == "auto" and k > MAX_RUNS_PER_BLOCK):
+        return BeforeAfter(policy.runs, f"before-after ({cost})")
+    k = min(k, MAX_RUNS_PER_BLOCK)
+    return Interleaved(k, f"interleaved blocks of {k} run(s) ({cost})")

@@ -1,0 +1,69 @@
+"""A trial's states as the ledger journals them, the transitions allowed between them, and
+which are final (the journal closed).
+
+Forward: planned -> preflighted -> measuring-baseline (the known-good as found), then per
+block [gates ->] [installing ->] restarting -> [facts ->] measuring | measuring-baseline,
+then judged -> [installing -> restarting ->] kept | reverting -> reverted. From any state
+whose journal is open: reverting (interrupted after the candidate's install), aborted
+(stopped before it), recovered (a later command rolled it back); a later command promotes
+a trial judged KEEP to kept.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from flagtrial.errors import LedgerError
+
+
+class TrialState(StrEnum):
+    PLANNED = "planned"
+    PREFLIGHTED = "preflighted"
+    GATES = "gates"
+    MEASURING_BASELINE = "measuring-baseline"
+    INSTALLING = "installing"
+    RESTARTING = "restarting"
+    FACTS = "facts"
+    MEASURING = "measuring"
+    JUDGED = "judged"
+    KEPT = "kept"
+    REVERTING = "reverting"
+    REVERTED = "reverted"
+    ABORTED = "aborted"
+    RECOVERED = "recovered"
+
+
+S = TrialState
+FINAL = frozenset({S.KEPT, S.REVERTED, S.ABORTED, S.RECOVERED})
+# Where an open journal may go from anywhere: an interruption, or recovery by a later command.
+_EXITS = frozenset({S.REVERTING, S.ABORTED, S.RECOVERED})
+_AFTER_BLOCK = frozenset({S.GATES, S.INSTALLING, S.RESTARTING, S.JUDGED})
+_FORWARD: dict[TrialState, frozenset[TrialState]] = {
+    S.PLANNED: frozenset({S.PREFLIGHTED}),
+    S.PREFLIGHTED: frozenset({S.MEASURING_BASELINE}),
+    S.GATES: frozenset({S.INSTALLING, S.RESTARTING}),
+    # the source gates are read before the first restart, which follows the first block
+    S.MEASURING_BASELINE: _AFTER_BLOCK,
+    S.MEASURING: _AFTER_BLOCK - {S.GATES},
+    S.INSTALLING: frozenset({S.RESTARTING}),
+    # into a block's runs, its facts, an early verdict, or (keeping) the end
+    S.RESTARTING: frozenset({S.MEASURING_BASELINE, S.MEASURING, S.FACTS, S.JUDGED}),
+    S.FACTS: frozenset({S.MEASURING, S.JUDGED}),
+    # kept: judged KEEP, or promoted by a later command from any step after the verdict
+    S.JUDGED: frozenset({S.INSTALLING, S.KEPT}),
+    S.REVERTING: frozenset({S.REVERTED, S.KEPT}),
+}
+_FORWARD[S.INSTALLING] |= {S.KEPT}
+_FORWARD[S.RESTARTING] |= {S.KEPT}
+TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    s: frozenset() if s in FINAL else _FORWARD[s] | _EXITS for s in S
+}
+
+
+class TransitionError(LedgerError):
+    """A journal write the state machine does not allow: a bug, refused before it is written."""
+
+
+def check(old: TrialState, new: TrialState, trial_id: int) -> None:
+    if new not in TRANSITIONS[old]:
+        raise TransitionError(f"trial {trial_id}: no transition from {old} to {new}")
