@@ -154,10 +154,11 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> 
     edit = case["edit"]
     argv = [str(model_dir) if w == "MODEL" else w for w in case["command"]]
     facts = ResolveFacts.from_gate_host(gate_host(case["host"], contract_api()))
-    good = resolve_local(
-        python, case["engine"], without_edit(argv, edit["flag"], edit["value"]), facts
-    )
-    candidate = resolve_local(python, case["engine"], argv, facts)
+    # Cached: a resolution depends only on the engine build, the command and the facts, not on
+    # the static analysis being evaluated, so reruns reuse it.
+    known_good = without_edit(argv, edit["flag"], edit["value"])
+    good = resolve_local(python, case["engine"], known_good, facts, cached=True)
+    candidate = resolve_local(python, case["engine"], argv, facts, cached=True)
     return combine([finding], good, candidate)[0]
 
 
