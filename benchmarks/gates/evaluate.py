@@ -144,7 +144,7 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> 
     engine's installed venv with the case's GPU facts declared (helper "resolve":
     engines/resolve.py `resolve_local`, gates/preflight.py `combine`)."""
     try:
-        from flagtrial.engines.resolve import ResolveFacts, resolve_local  # noqa: I001
+        from flagtrial.engines.resolve import ResolveFacts, resolve_local
         from flagtrial.gates.preflight import combine
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
