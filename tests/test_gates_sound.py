@@ -208,3 +208,19 @@ def test_platform_hook_turns_the_setting_off_again() -> None:
     # the CUDA platform's hook does not: there the CPU module never runs
     f = gate(VLLM, "--enable-dbo", None, SM90)
     assert f.outcome is not Outcome.NO_OP, render_text([f])
+
+
+def test_vllm_selected_attention_backend_is_validated_alone() -> None:
+    # vLLM 0.31.0 cutlass_mla.py:66 supports_compute_capability: capability.major == 10;
+    # platforms/cuda.py:448-461 validates a selected backend alone and raises ValueError on any
+    # reason instead of falling back to the priority list.
+    engine = ("vllm", "0.31.0")
+    f = gate(engine, "--attention-backend", "CUTLASS_MLA", SM90, model=MLA)
+    expect(
+        f,
+        Outcome.FAILS,
+        "vllm/v1/attention/backends/mla/cutlass_mla.py:66",
+        "vllm/platforms/cuda.py:461",
+    )
+    ok = gate(engine, "--attention-backend", "CUTLASS_MLA", SM100, model=MLA)
+    assert ok.outcome is not Outcome.FAILS, render_text([ok])

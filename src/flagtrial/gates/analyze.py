@@ -43,6 +43,7 @@ from flagtrial.gates.index import SourceIndex, SourceReader, load_index
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
 from flagtrial.gates.platforms import foreign_module
+from flagtrial.gates.selector import selected_backend_failure
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import LAYOUTS
 from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value
@@ -593,6 +594,9 @@ class _Analysis:
                 self._add("read", fi, line, f"reads {name}")
             self._raise_evidence(first)
             return self._finding(Outcome.FAILS, self._raise_reason(first))
+        rejected = self._backend_rejected()
+        if rejected is not None:
+            return rejected
         reset = next((r for r in walker.reads if self._resets(r)), None)
         if reset is not None:
             self._add("read", reset.fi, reset.node.lineno, f"reads {reset.field}")
@@ -690,6 +694,40 @@ class _Analysis:
             return self._finding(Outcome.UNKNOWN, "no read changes what runs for this value")
         return self._finding(
             Outcome.UNKNOWN, f"no read of {', '.join(sorted(self.edited))} that acts was found"
+        )
+
+    def _backend_rejected(self) -> GateFinding | None:
+        """vLLM: an attention backend the command names is validated alone at startup; its
+        own capability check False on this GPU is a ValueError (gates/selector.py)."""
+        value = self.new.get("attention_backend")
+        cap = self.host.capability
+        if self.index.engine != "vllm" or value is None or cap is None:
+            return None
+        if not isinstance(value.value, str):
+            return None
+        hit = selected_backend_failure(
+            self.index, self.reader, self.host.platform, cap, value.value
+        )
+        if hit is None:
+            return None
+        self._add(
+            "gate",
+            hit.check_fi,
+            hit.check_line,
+            f"`{hit.check}` is False for capability {cap[0]}.{cap[1]}",
+        )
+        self._add(
+            "raise",
+            hit.raise_fi,
+            hit.raise_line,
+            "a selected backend that reports a"
+            " reason is not replaced: ValueError while the attention layers are built",
+        )
+        where = f"{self.index.files[hit.raise_fi].path}:{hit.raise_line}"
+        return self._finding(
+            Outcome.FAILS,
+            f"raise ValueError at {where} on this host: {hit.backend} does not support"
+            f" compute capability {cap[0]}.{cap[1]}",
         )
 
     def _defaults(
