@@ -12,6 +12,8 @@ general analysis (it returns None).
 from __future__ import annotations
 
 import ast
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,15 +21,25 @@ from flagtrial.gates.capability import platform_module
 from flagtrial.gates.index import SourceIndex, SourceReader
 
 _UNREAD = object()
-_COMPARE = {
-    ast.Eq: lambda a, b: a == b,
-    ast.NotEq: lambda a, b: a != b,
-    ast.Lt: lambda a, b: a < b,
-    ast.LtE: lambda a, b: a <= b,
-    ast.Gt: lambda a, b: a > b,
-    ast.GtE: lambda a, b: a >= b,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
+
+
+def _in(a: Any, b: Any) -> bool:
+    return a in b
+
+
+def _not_in(a: Any, b: Any) -> bool:
+    return a not in b
+
+
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: _in,
+    ast.NotIn: _not_in,
 }
 
 
@@ -198,9 +210,9 @@ def _eval(node: ast.expr, param: str, cap: tuple[int, int]) -> Any:
             return all(vals) if isinstance(op, ast.And) else any(vals)
         case ast.Compare(left=left, ops=ops, comparators=rest):
             a = _eval(left, param, cap)
-            for op, right in zip(ops, rest, strict=True):
+            for cmp, right in zip(ops, rest, strict=True):
                 b = _eval(right, param, cap)
-                fn = _COMPARE.get(type(op))
+                fn = _COMPARE.get(type(cmp))
                 if a is _UNREAD or b is _UNREAD or fn is None:
                     return _UNREAD
                 try:
