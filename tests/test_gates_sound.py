@@ -224,3 +224,18 @@ def test_vllm_selected_attention_backend_is_validated_alone() -> None:
     )
     ok = gate(engine, "--attention-backend", "CUTLASS_MLA", SM100, model=MLA)
     assert ok.outcome is not Outcome.FAILS, render_text([ok])
+
+
+def test_platform_pick_through_a_method_of_the_arguments() -> None:
+    # SGLang 0.5.12 server_args.py:2659 `self.attention_backend =
+    # self._get_default_attn_backend(use_mla_backend, model_config)`: the method (2579) is
+    # followed with `self` the ServerArgs and `use_mla_backend = self.use_mla_backend()`
+    # evaluated again for the model: Hopper MHA picks fa3 (2611), SM100 trtllm_mha (2620).
+    engine = ("sglang", "0.5.12")
+    expect(
+        gate(engine, "--attention-backend", "fa3", SM90),
+        Outcome.NO_OP,
+        "sglang/srt/server_args.py:2658",
+    )
+    expect(gate(engine, "--attention-backend", "trtllm_mha", SM100), Outcome.NO_OP)
+    assert gate(engine, "--attention-backend", "trtllm_mha", SM90).outcome is not Outcome.NO_OP

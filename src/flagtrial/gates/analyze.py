@@ -31,8 +31,10 @@ from typing import Any
 from flagtrial.errors import FlagtrialError
 from flagtrial.gates.capability import (
     UNKNOWN,
+    ClassRef,
     Evaluator,
     FieldBinding,
+    Instance,
     Scope,
     Trace,
     Val,
@@ -778,10 +780,47 @@ class _Analysis:
                 is not True
             ):
                 continue
-            value = _picked(ev, stmt.body, site.scope_old.snapshot(), name)
+            value = _picked(ev, stmt.body, self._method_scope(ev, site, site.scope_old), name)
             if value is not None and value.known and _equal(value.value, new):
                 return site, value
         return None
+
+    def _method_scope(self, ev: Evaluator, site: ReadSite, scope: Scope) -> Scope:
+        """The read's scope with `self` the instance of the class whose method holds it, so
+        that `self._get_default_attn_backend(...)` is followed (server_args.py, 0.5.10);
+        locals the walk could not know without `self` (`x = self.use_mla_backend()`, in
+        the method's own body before the read) are evaluated again with it."""
+        out = scope.snapshot()
+        funcs = [
+            f
+            for f in self.index.files[site.fi].funcs
+            if f.cls and f.start <= site.node.lineno <= f.end
+        ]
+        if not funcs:
+            return out
+        fn = max(funcs, key=lambda f: f.start)
+        if "staticmethod" in fn.decorators or "classmethod" in fn.decorators:
+            return out
+        stmts = self.reader.unit(site.fi, fn.start, fn.end)
+        node = stmts[0] if stmts else None
+        if not isinstance(node, ast.FunctionDef) or not node.args.args:
+            return out
+        assert fn.cls is not None
+        cls = ClassRef(site.fi, fn.cls)
+        out.cls, out.owner = cls, Instance(cls)
+        out.locals[node.args.args[0].arg] = Val(out.owner)
+        for stmt in node.body:
+            if stmt.lineno >= site.stmt.lineno:
+                break
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+            ):
+                local = out.locals.get(stmt.targets[0].id)
+                if not isinstance(local, Val) or not local.known:
+                    out.locals[stmt.targets[0].id] = ev.expr(stmt.value, out)
+        return out
 
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
