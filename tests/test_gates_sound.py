@@ -239,3 +239,14 @@ def test_platform_pick_through_a_method_of_the_arguments() -> None:
     )
     expect(gate(engine, "--attention-backend", "trtllm_mha", SM100), Outcome.NO_OP)
     assert gate(engine, "--attention-backend", "trtllm_mha", SM90).outcome is not Outcome.NO_OP
+
+
+def test_model_config_methods_read_the_model() -> None:
+    # vLLM 0.31.0 config/model.py:1512 `if parallel_config.enable_expert_parallel:
+    # self._verify_with_expert_parallelism()`, whose `if not self.is_moe: raise` (1452-1453)
+    # reads the model through ModelConfig's `self`: a dense model fails, a MoE model acts.
+    engine = ("vllm", "0.31.0")
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128}
+    args = ("--enable-expert-parallel", None, cuda((8, 0)), ["-tp", "2"])
+    expect(gate(engine, *args, tp=2), Outcome.FAILS, "vllm/config/model.py:1453")
+    assert gate(engine, *args, model=moe, tp=2).outcome is Outcome.ACTIVE

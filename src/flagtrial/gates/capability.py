@@ -151,6 +151,9 @@ class ModelView:
 
 # helper name -> what it tells of the model (the engine reads the model's config through it)
 _MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_config": "view"}
+# the class both engines build from the model's config.json (vllm/config/model.py,
+# sglang/srt/configs/model_config.py)
+MODEL_CONFIG_CLASS = "ModelConfig"
 # attributes that name the model config object whatever holds it (`runner.model_config`)
 _MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config", "use_mla_backend"}
 
@@ -611,6 +614,8 @@ class Evaluator:
 
     def attribute(self, base: Val, attr: str) -> Val:
         obj = base.value
+        if isinstance(obj, Instance) and obj.cls.name == MODEL_CONFIG_CLASS and self.model:
+            return self._model_self_attr(base, obj, attr)
         if isinstance(obj, ModuleRef | ClassRef | Instance):
             if isinstance(obj, ModuleRef):
                 val = self.module_attr(obj, attr)
@@ -632,6 +637,23 @@ class Evaluator:
         if isinstance(obj, str | dict | tuple) and attr in _STR_METHODS:
             return _derived(Builtin(attr, obj), base)
         return Val(UNKNOWN)
+
+    def _model_self_attr(self, base: Val, obj: Instance, attr: str) -> Val:
+        """`self.x` in a method of the engine's ModelConfig for a known model: what the
+        config.json says or the engine derives from it (`is_moe`), or a method; a setting
+        stored on it stays unknown (argument resolution may have written it)."""
+        assert self.model is not None
+        fact = ModelView(self.model, False).attr(attr)
+        if fact is not UNKNOWN:
+            return _derived(fact, base, self._model_fact("view"))
+        val = self.class_attr(obj.cls, attr, obj)
+        return _derived(val.value if isinstance(val.value, FuncRef) else UNKNOWN, base)
+
+    def model_self(self, fi: int, cls: str | None) -> Val | None:
+        """`self` of a method of the engine's ModelConfig class, when the model is known."""
+        if self.model is None or cls != MODEL_CONFIG_CLASS:
+            return None
+        return Val(Instance(ClassRef(fi, cls)))
 
     # ----------------------------------------------------------------- expressions
 
