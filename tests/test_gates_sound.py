@@ -250,3 +250,16 @@ def test_model_config_methods_read_the_model() -> None:
     args = ("--enable-expert-parallel", None, cuda((8, 0)), ["-tp", "2"])
     expect(gate(engine, *args, tp=2), Outcome.FAILS, "vllm/config/model.py:1453")
     assert gate(engine, *args, model=moe, tp=2).outcome is Outcome.ACTIVE
+
+
+def test_a_setting_no_resolution_statement_assigns_keeps_its_default() -> None:
+    # SGLang 0.5.10.post1 server_args.py:2368-2374: prefill_backend is
+    # prefill_attention_backend (never assigned in argument resolution, only declared and
+    # copied under its own name) or attention_backend; trtllm_mha off SM100 raises there.
+    # Before, every word before `=` or `:` counted as a write, so this stayed UNKNOWN.
+    engine = ("sglang", "0.5.10.post1")
+    expect(
+        gate(engine, "--attention-backend", "trtllm_mha", SM90),
+        Outcome.FAILS,
+        "sglang/srt/server_args.py:2374",
+    )
