@@ -263,3 +263,15 @@ def test_a_setting_no_resolution_statement_assigns_keeps_its_default() -> None:
         Outcome.FAILS,
         "sglang/srt/server_args.py:2374",
     )
+
+
+def test_setting_replaced_on_this_platform_at_every_launch() -> None:
+    # SGLang 0.5.11: __post_init__ calls self._handle_amd_specifics() at its top level,
+    # whose `if is_hip(): self.triton_attention_num_kv_splits = 16` replaces the user's
+    # value on AMD; argument resolution reads the setting nowhere else.
+    engine = ("sglang", "0.5.11")
+    args = ("--triton-attention-num-kv-splits", "4")
+    extra = ["--attention-backend", "triton"]
+    f = gate(engine, *args, GFX942, extra)
+    expect(f, Outcome.NO_OP, "sglang/srt/server_args.py:2824")
+    assert gate(engine, *args, SM90, extra).outcome is Outcome.ACTIVE

@@ -557,11 +557,96 @@ class _Analysis:
         proves nothing more, and each costs evaluating its guards)."""
         effects = []
         for site in walker.reads:
+            if self._declaration_read(site):
+                continue
             if self._consumer(site)[0] == "effect":
                 effects.append(self._effect(site))
                 if len(effects) >= MAX_EFFECTS:
                     break
         return effects
+
+    def _declaration_read(self, site: ReadSite) -> bool:
+        """`ServerArgs.f` (`default=ServerArgs.f` in the parser): the class's declared
+        default, the same with or without the edit."""
+        fdef = self.index.table.field(site.field)
+        node = site.node
+        return (
+            fdef is not None
+            and isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == fdef.owner
+        )
+
+    def _overwritten(self, walker: Walker) -> GateFinding | None:
+        """`def _handle_amd_specifics(self): if is_hip(): self.f = 16`, called at the top
+        level of `__post_init__`, every test true on this host: the edited setting is
+        replaced at every launch. Only when argument resolution reads it nowhere else (such
+        a read could act before the write) and the edit sets nothing else."""
+        name = self.dest
+        if self.edited != {name}:
+            return None
+        startup_reads = [
+            r for r in walker.reads if r.runs_at_startup and not self._declaration_read(r)
+        ]
+        if startup_reads:
+            return None
+        ev = Evaluator(self.index, self.reader, self.host, self.new, model=self.model)
+        for fi, _, start, end in self.index.mentions.get(name, []):
+            if not self._startup_file(fi):
+                continue
+            fn = next((f for f in self.index.files[fi].funcs if f.start == start), None)
+            stmts = self.reader.unit(fi, start, end)
+            if fn is None or fn.cls is None or not stmts:
+                continue
+            node = stmts[0]
+            if not isinstance(node, ast.FunctionDef) or not self._called_at_init(
+                ev, fi, fn.cls, fn.name
+            ):
+                continue
+            found = _unconditional_write(ev, Scope(fi), node.body, name)
+            if found is None:
+                continue
+            write, tests = found
+            for test, val in tests:
+                self._value_evidence(fi, test, val)
+            self._add("gate", fi, write.lineno, f"sets {name} whatever the command says")
+            return self._finding(
+                Outcome.NO_OP,
+                f"{self.index.files[fi].path}:{write.lineno} ({fn.name}(), run by __post_init__)"
+                f" replaces {name} at every launch on this host",
+            )
+        return None
+
+    def _called_at_init(self, ev: Evaluator, fi: int, cls: str, method: str) -> bool:
+        """`self.<method>()` is a top-level statement of the class's `__post_init__`, with
+        no return before it but under a test false with this command (`if
+        self.model_path.lower() in ["none", "dummy"]: return`)."""
+        info = self.index.files[fi].classes.get(cls)
+        if info is None or "__post_init__" not in info.methods:
+            return False
+        init = self.index.files[fi].funcs[info.methods["__post_init__"]]
+        stmts = self.reader.unit(fi, init.start, init.end)
+        if not stmts or not isinstance(stmts[0], ast.FunctionDef):
+            return False
+        for stmt in stmts[0].body:
+            call = stmt.value if isinstance(stmt, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == method
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == "self"
+            ):
+                return True
+            if any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+                skipped = (
+                    isinstance(stmt, ast.If)
+                    and not stmt.orelse
+                    and ev.expr(stmt.test, Scope(fi)).truth() is False
+                )
+                if not skipped:
+                    return False
+        return False
 
     def _effect(self, site: ReadSite) -> _Effect:
         foreign = self._foreign(site.fi)
@@ -613,6 +698,9 @@ class _Analysis:
                 Outcome.NO_OP,
                 f"{self._where(reset)} turns {reset.field} off again on this host",
             )
+        replaced = self._overwritten(walker)
+        if replaced is not None:
+            return replaced
         choice = self._platform_choice(walker)
         blocking = self._config_failure() if choice is not None else None
         if blocking is not None:
@@ -1082,6 +1170,35 @@ def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val
                 if kw.arg == name:
                     return ev.expr(kw.value, scope)
         else:
+            return None
+    return None
+
+
+def _unconditional_write(
+    ev: Evaluator, scope: Scope, body: list[ast.stmt], name: str
+) -> tuple[ast.stmt, list[tuple[ast.expr, Val]]] | None:
+    """`self.<name> = <constant>` reached through `if` bodies whose tests are true on this
+    host (and read nothing of the edit), with nothing before it that may return or raise:
+    the write and the tests."""
+    for stmt in body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Attribute)
+            and stmt.targets[0].attr == name
+            and isinstance(stmt.value, ast.Constant)
+        ):
+            return stmt, []
+        if isinstance(stmt, ast.If) and not any(
+            isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(stmt.test)
+        ):
+            inner = _unconditional_write(ev, scope, stmt.body, name)
+            if inner is not None:
+                val = ev.expr(stmt.test, scope)
+                if val.truth() is True and val.hw:
+                    return inner[0], [(stmt.test, val), *inner[1]]
+                return None
+        if any(isinstance(n, ast.Return | ast.Raise) for n in ast.walk(stmt)):
             return None
     return None
 
