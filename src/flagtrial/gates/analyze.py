@@ -459,7 +459,9 @@ class _Analysis:
             key = next(
                 (k for k, v in zip(parent.keys, parent.values, strict=True) if v is node), None
             )
-            target = key.value if isinstance(key, ast.Constant) else None
+            target = (
+                key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+            )
         elif isinstance(stmt, ast.Assign) and stmt.value is node:
             attrs = [t.attr for t in stmt.targets if isinstance(t, ast.Attribute)]
             target = attrs[0] if attrs else None
@@ -504,7 +506,11 @@ class _Analysis:
                 writes.update(named)
                 return "write"
         if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Dict):
-            keys = [k.value for k in stmt.value.keys if isinstance(k, ast.Constant)]
+            keys = [
+                k.value
+                for k in stmt.value.keys
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            ]
             if keys and len(keys) == len(stmt.value.keys) and all(k in fields for k in keys):
                 writes.update(zip(keys, stmt.value.values, strict=True))
                 return "write"
@@ -689,8 +695,14 @@ class _Analysis:
             self._add("read", reset.fi, reset.node.lineno, f"reads {reset.field}")
             if reset.context is not None and reset.ctx is not None:
                 self._value_evidence(reset.fi, reset.context, reset.ctx.new)
+            assert isinstance(reset.stmt, ast.If)  # _resets holds only for an `if`
             write = next(
-                (n.lineno for b in reset.stmt.body for n in ast.walk(b) if _writes(n, reset.field)),
+                (
+                    getattr(n, "lineno", reset.stmt.lineno)
+                    for b in reset.stmt.body
+                    for n in ast.walk(b)
+                    if _writes(n, reset.field)
+                ),
                 reset.stmt.lineno,
             )
             self._add("gate", reset.fi, write, f"turns {reset.field} off again on this host")

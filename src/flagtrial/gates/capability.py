@@ -543,8 +543,8 @@ class Evaluator:
 
     def class_attr(self, cls: ClassRef, attr: str, owner: Any) -> Val:
         if self._is_enum(cls) and not attr.startswith("_"):
-            info = self.index.files[cls.fi].classes[cls.name]
-            if attr in info.attrs:
+            enum = self.index.files[cls.fi].classes[cls.name]
+            if attr in enum.attrs:
                 return Val(EnumMember(cls.name, attr))
         for c in self.mro(cls):
             info = self.index.files[c.fi].classes.get(c.name)
@@ -954,7 +954,7 @@ class Evaluator:
             return tuple(conv(v) for v in vals[1])
         if f.name in ("hasattr", "getattr"):
             return UNKNOWN
-        fn = {
+        table: dict[str, Callable[..., Any]] = {
             "tuple": tuple,
             "list": tuple,
             "int": int,
@@ -969,8 +969,8 @@ class Evaluator:
             "set": frozenset,
             "frozenset": frozenset,
             "sorted": lambda x: tuple(sorted(x)),
-        }[f.name]
-        return fn(*vals)
+        }
+        return table[f.name](*vals)
 
     def interpret(self, func: Val, ref: FuncRef, args: list[Val], kwargs: dict[str, Val]) -> Val:
         """Run a function body over known values; its result, or UNKNOWN."""
@@ -1129,7 +1129,8 @@ def assign(scope: Scope, targets: list[ast.expr], val: Val) -> None:
             for i, elt in enumerate(target.elts):
                 if isinstance(elt, ast.Name):
                     known = items is not None and len(items) == len(target.elts)
-                    scope.locals[elt.id] = _derived(items[i] if known else UNKNOWN, val)
+                    item = items[i] if items is not None and known else UNKNOWN
+                    scope.locals[elt.id] = _derived(item, val)
 
 
 def bind_import(ev: Evaluator, scope: Scope, stmt: ast.Import | ast.ImportFrom) -> None:
@@ -1214,7 +1215,7 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> bool | None:
         return None
     if isinstance(left, EnumMember) and isinstance(right, EnumMember):
         if isinstance(op, ast.Eq | ast.NotEq):
-            return fn(left, right)
+            return bool(fn(left, right))
         return None
     if not (_plain(left) and _plain(right)) or left is NOT_NONE or right is NOT_NONE:
         # Only `<some value> == None` is decided.

@@ -155,7 +155,11 @@ class _Scanner:
             names.append(name)
             if isinstance(deco, ast.Call) and "register" in name:
                 args = [*deco.args, *(k.value for k in deco.keywords)]
-                keys += [a.value for a in args if isinstance(a, ast.Constant) and a.value]
+                keys += [
+                    a.value
+                    for a in args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
+                ]
                 registrar = name
         info = FuncInfo(
             node.name,

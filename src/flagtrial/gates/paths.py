@@ -521,7 +521,7 @@ def _boolean_context(node: ast.AST, parents: dict[int, ast.AST]) -> ast.expr | N
         if isinstance(parent, ast.Compare | ast.BoolOp) or (
             isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
         ):
-            context = parent  # type: ignore[assignment]
+            context = parent
             node = parent
         else:
             break
