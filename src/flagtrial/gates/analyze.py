@@ -838,7 +838,7 @@ class _Analysis:
         """Declared literal defaults of the settings not bound here (not in the command).
         Argument resolution may rewrite a setting: unless `all_fields` (a guess: the
         platform's own pick, a failure not ruled out), only those it never writes."""
-        written = set() if all_fields else _resolution_writes(self.index, self.reader)
+        written = frozenset() if all_fields else self.index.writes
         return {
             n: d.default
             for n, d in self.index.table.fields.items()
@@ -1075,87 +1075,8 @@ class _Analysis:
         )
 
 
-_WRITES: dict[int, frozenset[str]] = {}
 # a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
 _ARCH = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")
-
-
-def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[str]:
-    """Every setting argument resolution (and the platforms' config hooks) may assign:
-    `x.name = v`, `x["name"] = v`, `name=v` keywords, `"name": v` keys, `setattr(x, "name",
-    v)`. A field's declaration and a copy under its own name (`name=self.name`) write
-    nothing new; a file that does not parse counts every word it holds."""
-    with _READERS_LOCK:
-        if id(index) in _WRITES:
-            return _WRITES[id(index)]
-    names: set[str] = set()
-    prefix = index.layout.package + "/"
-    hooks = tuple(p.removeprefix(prefix) for p in _platform_paths(index))
-    for fi, info in enumerate(index.files):
-        path = info.path.removeprefix(prefix)
-        if path.startswith(index.layout.startup_paths) or path in hooks:
-            text = "".join(reader.lines(fi))
-            try:
-                tree = ast.parse(text)
-            except SyntaxError:
-                names.update(re.findall(r"\w+", text))
-                continue
-            names.update(_assigned_names(tree))
-    with _READERS_LOCK:
-        return _WRITES.setdefault(id(index), frozenset(names))
-
-
-def _platform_paths(index: SourceIndex) -> list[str]:
-    """The files of every platform class the runtime may select (their config hooks run at
-    launch)."""
-    out = []
-    for _, classes in index.layout.platform_objects.values():
-        for qual in classes.values():
-            fi = index.modules.get(qual.split(":")[0])
-            if fi is not None:
-                out.append(index.files[fi].path)
-    return out
-
-
-def _assigned_names(tree: ast.AST) -> set[str]:
-    def copy(value: ast.expr, name: str) -> bool:
-        return isinstance(value, ast.Attribute) and value.attr == name
-
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign) and (
-            isinstance(node, ast.AugAssign) or node.value is not None
-        ):
-            targets = [node.target]
-        elif isinstance(node, ast.keyword) and node.arg and not copy(node.value, node.arg):
-            names.add(node.arg)
-        elif isinstance(node, ast.Dict):
-            for k, v in zip(node.keys, node.values, strict=True):
-                if (
-                    isinstance(k, ast.Constant)
-                    and isinstance(k.value, str)
-                    and not copy(v, k.value)
-                ):
-                    names.add(k.value)
-        elif (
-            isinstance(node, ast.Call)
-            and getattr(node.func, "id", "") == "setattr"
-            and len(node.args) >= 2
-            and isinstance(node.args[1], ast.Constant)
-        ):
-            names.add(str(node.args[1].value))
-        while targets:
-            t = targets.pop()
-            if isinstance(t, ast.Tuple | ast.List):
-                targets.extend(t.elts)
-            elif isinstance(t, ast.Attribute):
-                names.add(t.attr)
-            elif isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant):
-                names.add(str(t.slice.value))
-    return names
 
 
 def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:
