@@ -908,10 +908,11 @@ class _Analysis:
         assert fn.cls is not None
         cls = ClassRef(site.fi, fn.cls)
         out.cls, out.owner = cls, Instance(cls)
-        out.locals[node.args.args[0].arg] = Val(out.owner)
+        me = node.args.args[0].arg
+        out.locals[me] = Val(out.owner)
         for stmt in node.body:
-            if stmt.lineno >= site.stmt.lineno:
-                break
+            if (stmt.end_lineno or stmt.lineno) >= site.stmt.lineno:
+                break  # the statement that holds the read, or one after it
             if (
                 isinstance(stmt, ast.Assign)
                 and len(stmt.targets) == 1
@@ -920,6 +921,10 @@ class _Analysis:
                 local = out.locals.get(stmt.targets[0].id)
                 if not isinstance(local, Val) or not local.known:
                     out.locals[stmt.targets[0].id] = ev.expr(stmt.value, out)
+            else:
+                # a branch or loop may rebind a local (`self.x = ...` rebinds no `self`)
+                for name in self.reader.stores(stmt) - {me}:
+                    out.locals[name] = Val(UNKNOWN)
         return out
 
     def _where(self, site: ReadSite) -> str:
