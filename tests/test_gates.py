@@ -196,10 +196,11 @@ def test_sglang_mamba_stochastic_rounding_needs_cuda(sglang: SourceIndex) -> Non
     )
     # get_platform().is_cuda -> is_cuda(): torch.cuda.is_available() and torch.version.cuda ...
     assert_cites(f, "sglang/srt/utils/common.py:158")
-    # On CUDA the next check depends on --mamba-backend, which argument resolution may set:
-    # at its default ("triton") SM90 raises at mamba_hook.py:45, so it is not ACTIVE either.
+    # On CUDA the next check depends on --mamba-backend, which no statement of argument
+    # resolution assigns (fields/exec_.py:489 declares "triton"): left out of the command
+    # it is "triton", and SM90 raises at mamba_hook.py:45.
     f = gate(SGLANG, "--enable-mamba-cache-stochastic-rounding", None, SM90)
-    assert f.outcome is Outcome.UNKNOWN, render_text([f])
+    assert f.outcome is Outcome.FAILS, render_text([f])
     assert_cites(f, "sglang/srt/arg_groups/mamba_hook.py:45")
 
 

@@ -201,3 +201,70 @@ def test_platform_hook_turns_the_setting_off_again() -> None:
     # the CUDA platform's hook does not: there the CPU module never runs
     f = gate(VLLM, "--enable-dbo", None, SM90)
     assert f.outcome is not Outcome.NO_OP, render_text([f])
+
+
+def test_vllm_selected_attention_backend_is_validated_alone() -> None:
+    # vLLM 0.31.0 cutlass_mla.py:66 supports_compute_capability: capability.major == 10;
+    # platforms/cuda.py:448-461 validates a selected backend alone and raises ValueError on any
+    # reason instead of falling back to the priority list.
+    engine = ("vllm", "0.31.0")
+    f = gate(engine, "--attention-backend", "CUTLASS_MLA", SM90, model=MLA)
+    expect(
+        f,
+        Outcome.FAILS,
+        "vllm/v1/attention/backends/mla/cutlass_mla.py:66",
+        "vllm/platforms/cuda.py:461",
+    )
+    ok = gate(engine, "--attention-backend", "CUTLASS_MLA", SM100, model=MLA)
+    assert ok.outcome is not Outcome.FAILS, render_text([ok])
+
+
+def test_platform_pick_through_a_method_of_the_arguments() -> None:
+    # SGLang 0.5.12 server_args.py:2659 `self.attention_backend =
+    # self._get_default_attn_backend(use_mla_backend, model_config)`: the method (2579) is
+    # followed with `self` the ServerArgs and `use_mla_backend = self.use_mla_backend()`
+    # evaluated again for the model: Hopper MHA picks fa3 (2611), SM100 trtllm_mha (2620).
+    engine = ("sglang", "0.5.12")
+    expect(
+        gate(engine, "--attention-backend", "fa3", SM90),
+        Outcome.NO_OP,
+        "sglang/srt/server_args.py:2658",
+    )
+    expect(gate(engine, "--attention-backend", "trtllm_mha", SM100), Outcome.NO_OP)
+    assert gate(engine, "--attention-backend", "trtllm_mha", SM90).outcome is not Outcome.NO_OP
+
+
+def test_model_config_methods_read_the_model() -> None:
+    # vLLM 0.31.0 config/model.py:1512 `if parallel_config.enable_expert_parallel:
+    # self._verify_with_expert_parallelism()`, whose `if not self.is_moe: raise` (1452-1453)
+    # reads the model through ModelConfig's `self`: a dense model fails, a MoE model acts.
+    engine = ("vllm", "0.31.0")
+    moe = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128}
+    args = ("--enable-expert-parallel", None, cuda((8, 0)), ["-tp", "2"])
+    expect(gate(engine, *args, tp=2), Outcome.FAILS, "vllm/config/model.py:1453")
+    assert gate(engine, *args, model=moe, tp=2).outcome is Outcome.ACTIVE
+
+
+def test_a_setting_no_resolution_statement_assigns_keeps_its_default() -> None:
+    # SGLang 0.5.10.post1 server_args.py:2368-2374: prefill_backend is
+    # prefill_attention_backend (never assigned in argument resolution, only declared and
+    # copied under its own name) or attention_backend; trtllm_mha off SM100 raises there.
+    # Before, every word before `=` or `:` counted as a write, so this stayed UNKNOWN.
+    engine = ("sglang", "0.5.10.post1")
+    expect(
+        gate(engine, "--attention-backend", "trtllm_mha", SM90),
+        Outcome.FAILS,
+        "sglang/srt/server_args.py:2374",
+    )
+
+
+def test_setting_replaced_on_this_platform_at_every_launch() -> None:
+    # SGLang 0.5.11: __post_init__ calls self._handle_amd_specifics() at its top level,
+    # whose `if is_hip(): self.triton_attention_num_kv_splits = 16` replaces the user's
+    # value on AMD; argument resolution reads the setting nowhere else.
+    engine = ("sglang", "0.5.11")
+    args = ("--triton-attention-num-kv-splits", "4")
+    extra = ["--attention-backend", "triton"]
+    f = gate(engine, *args, GFX942, extra)
+    expect(f, Outcome.NO_OP, "sglang/srt/server_args.py:2824")
+    assert gate(engine, *args, SM90, extra).outcome is Outcome.ACTIVE

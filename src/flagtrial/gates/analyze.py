@@ -31,8 +31,10 @@ from typing import Any
 from flagtrial.errors import FlagtrialError
 from flagtrial.gates.capability import (
     UNKNOWN,
+    ClassRef,
     Evaluator,
     FieldBinding,
+    Instance,
     Scope,
     Trace,
     Val,
@@ -43,6 +45,7 @@ from flagtrial.gates.index import SourceIndex, SourceReader, load_index
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
 from flagtrial.gates.platforms import foreign_module
+from flagtrial.gates.selector import selected_backend_failure
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import LAYOUTS
 from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value
@@ -456,7 +459,9 @@ class _Analysis:
             key = next(
                 (k for k, v in zip(parent.keys, parent.values, strict=True) if v is node), None
             )
-            target = key.value if isinstance(key, ast.Constant) else None
+            target = (
+                key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+            )
         elif isinstance(stmt, ast.Assign) and stmt.value is node:
             attrs = [t.attr for t in stmt.targets if isinstance(t, ast.Attribute)]
             target = attrs[0] if attrs else None
@@ -501,7 +506,11 @@ class _Analysis:
                 writes.update(named)
                 return "write"
         if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.Dict):
-            keys = [k.value for k in stmt.value.keys if isinstance(k, ast.Constant)]
+            keys = [
+                k.value
+                for k in stmt.value.keys
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            ]
             if keys and len(keys) == len(stmt.value.keys) and all(k in fields for k in keys):
                 writes.update(zip(keys, stmt.value.values, strict=True))
                 return "write"
@@ -554,11 +563,96 @@ class _Analysis:
         proves nothing more, and each costs evaluating its guards)."""
         effects = []
         for site in walker.reads:
+            if self._declaration_read(site):
+                continue
             if self._consumer(site)[0] == "effect":
                 effects.append(self._effect(site))
                 if len(effects) >= MAX_EFFECTS:
                     break
         return effects
+
+    def _declaration_read(self, site: ReadSite) -> bool:
+        """`ServerArgs.f` (`default=ServerArgs.f` in the parser): the class's declared
+        default, the same with or without the edit."""
+        fdef = self.index.table.field(site.field)
+        node = site.node
+        return (
+            fdef is not None
+            and isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == fdef.owner
+        )
+
+    def _overwritten(self, walker: Walker) -> GateFinding | None:
+        """`def _handle_amd_specifics(self): if is_hip(): self.f = 16`, called at the top
+        level of `__post_init__`, every test true on this host: the edited setting is
+        replaced at every launch. Only when argument resolution reads it nowhere else (such
+        a read could act before the write) and the edit sets nothing else."""
+        name = self.dest
+        if self.edited != {name}:
+            return None
+        startup_reads = [
+            r for r in walker.reads if r.runs_at_startup and not self._declaration_read(r)
+        ]
+        if startup_reads:
+            return None
+        ev = Evaluator(self.index, self.reader, self.host, self.new, model=self.model)
+        for fi, _, start, end in self.index.mentions.get(name, []):
+            if not self._startup_file(fi):
+                continue
+            fn = next((f for f in self.index.files[fi].funcs if f.start == start), None)
+            stmts = self.reader.unit(fi, start, end)
+            if fn is None or fn.cls is None or not stmts:
+                continue
+            node = stmts[0]
+            if not isinstance(node, ast.FunctionDef) or not self._called_at_init(
+                ev, fi, fn.cls, fn.name
+            ):
+                continue
+            found = _unconditional_write(ev, Scope(fi), node.body, name)
+            if found is None:
+                continue
+            write, tests = found
+            for test, val in tests:
+                self._value_evidence(fi, test, val)
+            self._add("gate", fi, write.lineno, f"sets {name} whatever the command says")
+            return self._finding(
+                Outcome.NO_OP,
+                f"{self.index.files[fi].path}:{write.lineno} ({fn.name}(), run by __post_init__)"
+                f" replaces {name} at every launch on this host",
+            )
+        return None
+
+    def _called_at_init(self, ev: Evaluator, fi: int, cls: str, method: str) -> bool:
+        """`self.<method>()` is a top-level statement of the class's `__post_init__`, with
+        no return before it but under a test false with this command (`if
+        self.model_path.lower() in ["none", "dummy"]: return`)."""
+        info = self.index.files[fi].classes.get(cls)
+        if info is None or "__post_init__" not in info.methods:
+            return False
+        init = self.index.files[fi].funcs[info.methods["__post_init__"]]
+        stmts = self.reader.unit(fi, init.start, init.end)
+        if not stmts or not isinstance(stmts[0], ast.FunctionDef):
+            return False
+        for stmt in stmts[0].body:
+            call = stmt.value if isinstance(stmt, ast.Expr) else None
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and call.func.attr == method
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == "self"
+            ):
+                return True
+            if any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+                skipped = (
+                    isinstance(stmt, ast.If)
+                    and not stmt.orelse
+                    and ev.expr(stmt.test, Scope(fi)).truth() is False
+                )
+                if not skipped:
+                    return False
+        return False
 
     def _effect(self, site: ReadSite) -> _Effect:
         foreign = self._foreign(site.fi)
@@ -593,13 +687,22 @@ class _Analysis:
                 self._add("read", fi, line, f"reads {name}")
             self._raise_evidence(first)
             return self._finding(Outcome.FAILS, self._raise_reason(first))
+        rejected = self._backend_rejected()
+        if rejected is not None:
+            return rejected
         reset = next((r for r in walker.reads if self._resets(r)), None)
         if reset is not None:
             self._add("read", reset.fi, reset.node.lineno, f"reads {reset.field}")
             if reset.context is not None and reset.ctx is not None:
                 self._value_evidence(reset.fi, reset.context, reset.ctx.new)
+            assert isinstance(reset.stmt, ast.If)  # _resets holds only for an `if`
             write = next(
-                (n.lineno for b in reset.stmt.body for n in ast.walk(b) if _writes(n, reset.field)),
+                (
+                    getattr(n, "lineno", reset.stmt.lineno)
+                    for b in reset.stmt.body
+                    for n in ast.walk(b)
+                    if _writes(n, reset.field)
+                ),
                 reset.stmt.lineno,
             )
             self._add("gate", reset.fi, write, f"turns {reset.field} off again on this host")
@@ -607,6 +710,9 @@ class _Analysis:
                 Outcome.NO_OP,
                 f"{self._where(reset)} turns {reset.field} off again on this host",
             )
+        replaced = self._overwritten(walker)
+        if replaced is not None:
+            return replaced
         choice = self._platform_choice(walker)
         blocking = self._config_failure() if choice is not None else None
         if blocking is not None:
@@ -692,13 +798,47 @@ class _Analysis:
             Outcome.UNKNOWN, f"no read of {', '.join(sorted(self.edited))} that acts was found"
         )
 
+    def _backend_rejected(self) -> GateFinding | None:
+        """vLLM: an attention backend the command names is validated alone at startup; its
+        own capability check False on this GPU is a ValueError (gates/selector.py)."""
+        value = self.new.get("attention_backend")
+        cap = self.host.capability
+        if self.index.engine != "vllm" or value is None or cap is None:
+            return None
+        if not isinstance(value.value, str):
+            return None
+        hit = selected_backend_failure(
+            self.index, self.reader, self.host.platform, cap, value.value
+        )
+        if hit is None:
+            return None
+        self._add(
+            "gate",
+            hit.check_fi,
+            hit.check_line,
+            f"`{hit.check}` is False for capability {cap[0]}.{cap[1]}",
+        )
+        self._add(
+            "raise",
+            hit.raise_fi,
+            hit.raise_line,
+            "a selected backend that reports a"
+            " reason is not replaced: ValueError while the attention layers are built",
+        )
+        where = f"{self.index.files[hit.raise_fi].path}:{hit.raise_line}"
+        return self._finding(
+            Outcome.FAILS,
+            f"raise ValueError at {where} on this host: {hit.backend} does not support"
+            f" compute capability {cap[0]}.{cap[1]}",
+        )
+
     def _defaults(
         self, bound: dict[str, FieldBinding], *, all_fields: bool = False
     ) -> dict[str, Any]:
         """Declared literal defaults of the settings not bound here (not in the command).
         Argument resolution may rewrite a setting: unless `all_fields` (a guess: the
         platform's own pick, a failure not ruled out), only those it never writes."""
-        written = set() if all_fields else _resolution_writes(self.index, self.reader)
+        written = frozenset() if all_fields else self.index.writes
         return {
             n: d.default
             for n, d in self.index.table.fields.items()
@@ -740,10 +880,52 @@ class _Analysis:
                 is not True
             ):
                 continue
-            value = _picked(ev, stmt.body, site.scope_old.snapshot(), name)
+            value = _picked(ev, stmt.body, self._method_scope(ev, site, site.scope_old), name)
             if value is not None and value.known and _equal(value.value, new):
                 return site, value
         return None
+
+    def _method_scope(self, ev: Evaluator, site: ReadSite, scope: Scope) -> Scope:
+        """The read's scope with `self` the instance of the class whose method holds it, so
+        that `self._get_default_attn_backend(...)` is followed (server_args.py, 0.5.10);
+        locals the walk could not know without `self` (`x = self.use_mla_backend()`, in
+        the method's own body before the read) are evaluated again with it."""
+        out = scope.snapshot()
+        funcs = [
+            f
+            for f in self.index.files[site.fi].funcs
+            if f.cls and f.start <= site.node.lineno <= f.end
+        ]
+        if not funcs:
+            return out
+        fn = max(funcs, key=lambda f: f.start)
+        if "staticmethod" in fn.decorators or "classmethod" in fn.decorators:
+            return out
+        stmts = self.reader.unit(site.fi, fn.start, fn.end)
+        node = stmts[0] if stmts else None
+        if not isinstance(node, ast.FunctionDef) or not node.args.args:
+            return out
+        assert fn.cls is not None
+        cls = ClassRef(site.fi, fn.cls)
+        out.cls, out.owner = cls, Instance(cls)
+        me = node.args.args[0].arg
+        out.locals[me] = Val(out.owner)
+        for stmt in node.body:
+            if (stmt.end_lineno or stmt.lineno) >= site.stmt.lineno:
+                break  # the statement that holds the read, or one after it
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+            ):
+                local = out.locals.get(stmt.targets[0].id)
+                if not isinstance(local, Val) or not local.known:
+                    out.locals[stmt.targets[0].id] = ev.expr(stmt.value, out)
+            else:
+                # a branch or loop may rebind a local (`self.x = ...` rebinds no `self`)
+                for name in self.reader.stores(stmt) - {me}:
+                    out.locals[name] = Val(UNKNOWN)
+        return out
 
     def _where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
@@ -898,26 +1080,8 @@ class _Analysis:
         )
 
 
-_WRITE = re.compile(r"\b(\w+)\s*(?:[-+|]?=(?!=)|\s*:\s*\w)|[\"'](\w+)[\"']\s*:")
-_WRITES: dict[int, frozenset[str]] = {}
 # a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
 _ARCH = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")
-
-
-def _resolution_writes(index: SourceIndex, reader: SourceReader) -> frozenset[str]:
-    """Every name argument resolution may assign: `x.name =`, `name=` keywords, `"name":`
-    keys (a superset: any word before `=` counts)."""
-    with _READERS_LOCK:
-        if id(index) in _WRITES:
-            return _WRITES[id(index)]
-    names: set[str] = set()
-    prefix = index.layout.package + "/"
-    for fi, info in enumerate(index.files):
-        if info.path.removeprefix(prefix).startswith(index.layout.startup_paths):
-            for m in _WRITE.finditer("".join(reader.lines(fi))):
-                names.add(m.group(1) or m.group(2))
-    with _READERS_LOCK:
-        return _WRITES.setdefault(id(index), frozenset(names))
 
 
 def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val | None:
@@ -944,6 +1108,35 @@ def _picked(ev: Evaluator, body: list[ast.stmt], scope: Scope, name: str) -> Val
                 if kw.arg == name:
                     return ev.expr(kw.value, scope)
         else:
+            return None
+    return None
+
+
+def _unconditional_write(
+    ev: Evaluator, scope: Scope, body: list[ast.stmt], name: str
+) -> tuple[ast.stmt, list[tuple[ast.expr, Val]]] | None:
+    """`self.<name> = <constant>` reached through `if` bodies whose tests are true on this
+    host (and read nothing of the edit), with nothing before it that may return or raise:
+    the write and the tests."""
+    for stmt in body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Attribute)
+            and stmt.targets[0].attr == name
+            and isinstance(stmt.value, ast.Constant)
+        ):
+            return stmt, []
+        if isinstance(stmt, ast.If) and not any(
+            isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(stmt.test)
+        ):
+            inner = _unconditional_write(ev, scope, stmt.body, name)
+            if inner is not None:
+                val = ev.expr(stmt.test, scope)
+                if val.truth() is True and val.hw:
+                    return inner[0], [(stmt.test, val), *inner[1]]
+                return None
+        if any(isinstance(n, ast.Return | ast.Raise) for n in ast.walk(stmt)):
             return None
     return None
 

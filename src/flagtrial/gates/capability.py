@@ -151,6 +151,9 @@ class ModelView:
 
 # helper name -> what it tells of the model (the engine reads the model's config through it)
 _MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_config": "view"}
+# the class both engines build from the model's config.json (vllm/config/model.py,
+# sglang/srt/configs/model_config.py)
+MODEL_CONFIG_CLASS = "ModelConfig"
 # attributes that name the model config object whatever holds it (`runner.model_config`)
 _MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config", "use_mla_backend"}
 
@@ -540,8 +543,8 @@ class Evaluator:
 
     def class_attr(self, cls: ClassRef, attr: str, owner: Any) -> Val:
         if self._is_enum(cls) and not attr.startswith("_"):
-            info = self.index.files[cls.fi].classes[cls.name]
-            if attr in info.attrs:
+            enum = self.index.files[cls.fi].classes[cls.name]
+            if attr in enum.attrs:
                 return Val(EnumMember(cls.name, attr))
         for c in self.mro(cls):
             info = self.index.files[c.fi].classes.get(c.name)
@@ -611,6 +614,8 @@ class Evaluator:
 
     def attribute(self, base: Val, attr: str) -> Val:
         obj = base.value
+        if isinstance(obj, Instance) and obj.cls.name == MODEL_CONFIG_CLASS and self.model:
+            return self._model_self_attr(base, obj, attr)
         if isinstance(obj, ModuleRef | ClassRef | Instance):
             if isinstance(obj, ModuleRef):
                 val = self.module_attr(obj, attr)
@@ -632,6 +637,23 @@ class Evaluator:
         if isinstance(obj, str | dict | tuple) and attr in _STR_METHODS:
             return _derived(Builtin(attr, obj), base)
         return Val(UNKNOWN)
+
+    def _model_self_attr(self, base: Val, obj: Instance, attr: str) -> Val:
+        """`self.x` in a method of the engine's ModelConfig for a known model: what the
+        config.json says or the engine derives from it (`is_moe`), or a method; a setting
+        stored on it stays unknown (argument resolution may have written it)."""
+        assert self.model is not None
+        fact = ModelView(self.model, False).attr(attr)
+        if fact is not UNKNOWN:
+            return _derived(fact, base, self._model_fact("view"))
+        val = self.class_attr(obj.cls, attr, obj)
+        return _derived(val.value if isinstance(val.value, FuncRef) else UNKNOWN, base)
+
+    def model_self(self, fi: int, cls: str | None) -> Val | None:
+        """`self` of a method of the engine's ModelConfig class, when the model is known."""
+        if self.model is None or cls != MODEL_CONFIG_CLASS:
+            return None
+        return Val(Instance(ClassRef(fi, cls)))
 
     # ----------------------------------------------------------------- expressions
 
@@ -932,7 +954,7 @@ class Evaluator:
             return tuple(conv(v) for v in vals[1])
         if f.name in ("hasattr", "getattr"):
             return UNKNOWN
-        fn = {
+        table: dict[str, Callable[..., Any]] = {
             "tuple": tuple,
             "list": tuple,
             "int": int,
@@ -947,8 +969,8 @@ class Evaluator:
             "set": frozenset,
             "frozenset": frozenset,
             "sorted": lambda x: tuple(sorted(x)),
-        }[f.name]
-        return fn(*vals)
+        }
+        return table[f.name](*vals)
 
     def interpret(self, func: Val, ref: FuncRef, args: list[Val], kwargs: dict[str, Val]) -> Val:
         """Run a function body over known values; its result, or UNKNOWN."""
@@ -1107,7 +1129,8 @@ def assign(scope: Scope, targets: list[ast.expr], val: Val) -> None:
             for i, elt in enumerate(target.elts):
                 if isinstance(elt, ast.Name):
                     known = items is not None and len(items) == len(target.elts)
-                    scope.locals[elt.id] = _derived(items[i] if known else UNKNOWN, val)
+                    item = items[i] if items is not None and known else UNKNOWN
+                    scope.locals[elt.id] = _derived(item, val)
 
 
 def bind_import(ev: Evaluator, scope: Scope, stmt: ast.Import | ast.ImportFrom) -> None:
@@ -1192,7 +1215,7 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> bool | None:
         return None
     if isinstance(left, EnumMember) and isinstance(right, EnumMember):
         if isinstance(op, ast.Eq | ast.NotEq):
-            return fn(left, right)
+            return bool(fn(left, right))
         return None
     if not (_plain(left) and _plain(right)) or left is NOT_NONE or right is NOT_NONE:
         # Only `<some value> == None` is decided.

@@ -82,6 +82,8 @@ class SourceIndex:
     defs: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     dispatch: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     mentions: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+    # every setting argument resolution (or a platform's config hook) may assign
+    writes: frozenset[str] = frozenset()
 
     @property
     def layout(self) -> EngineLayout:
@@ -155,7 +157,11 @@ class _Scanner:
             names.append(name)
             if isinstance(deco, ast.Call) and "register" in name:
                 args = [*deco.args, *(k.value for k in deco.keywords)]
-                keys += [a.value for a in args if isinstance(a, ast.Constant) and a.value]
+                keys += [
+                    a.value
+                    for a in args
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value
+                ]
                 registrar = name
         info = FuncInfo(
             node.name,
@@ -344,7 +350,75 @@ def build_index(root: Path, engine: str, version: str, workers: int | None = Non
                 index.dispatch.setdefault(key, []).append((fi, ni))
         for name, hits in info.mentions.items():
             index.mentions.setdefault(name, []).extend((fi, *hit) for hit in hits)
+    index.writes = _resolution_writes(index)
     return index
+
+
+def _resolution_writes(index: SourceIndex) -> frozenset[str]:
+    """Every setting argument resolution (and the platforms' config hooks) may assign:
+    `x.name = v`, `x["name"] = v`, `name=v` keywords, `"name": v` keys, `setattr(x, "name",
+    v)`. A field's declaration and a copy under its own name (`name=self.name`) write
+    nothing new; a file that does not parse counts every word it holds."""
+    layout = index.layout
+    prefix = layout.package + "/"
+    hooks = set()
+    for _, classes in layout.platform_objects.values():
+        for qual in classes.values():
+            fi = index.modules.get(qual.split(":")[0])
+            if fi is not None:
+                hooks.add(index.files[fi].path)
+    names: set[str] = set()
+    for info in index.files:
+        if info.path.removeprefix(prefix).startswith(layout.startup_paths) or info.path in hooks:
+            text = (Path(index.root) / info.path).read_text(encoding="utf-8", errors="replace")
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                names.update(re.findall(r"\w+", text))
+                continue
+            names.update(_assigned_names(tree))
+    return frozenset(names)
+
+
+def _assigned_names(tree: ast.AST) -> set[str]:
+    def copy(value: ast.expr, name: str) -> bool:
+        return isinstance(value, ast.Attribute) and value.attr == name
+
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign) or (
+            isinstance(node, ast.AnnAssign) and node.value is not None
+        ):
+            targets = [node.target]
+        elif isinstance(node, ast.keyword) and node.arg and not copy(node.value, node.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values, strict=True):
+                if (
+                    isinstance(k, ast.Constant)
+                    and isinstance(k.value, str)
+                    and not copy(v, k.value)
+                ):
+                    names.add(k.value)
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") == "setattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
+            names.add(str(node.args[1].value))
+        while targets:
+            t = targets.pop()
+            if isinstance(t, ast.Tuple | ast.List):
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Attribute):
+                names.add(t.attr)
+            elif isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Constant):
+                names.add(str(t.slice.value))
+    return names
 
 
 def _fingerprint(root: Path, layout: EngineLayout) -> str:

@@ -213,11 +213,21 @@ class Walker:
         body = stmts
         if len(stmts) == 1 and isinstance(stmts[0], ast.FunctionDef | ast.AsyncFunctionDef):
             a = stmts[0].args
+            fn = next(
+                (f for f in self.ev_new.index.files[fi].funcs if f.start == stmts[0].lineno), None
+            )
+            own = (
+                self.ev_new.model_self(fi, fn.cls)
+                if fn and "staticmethod" not in fn.decorators
+                else None
+            )
             for p in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
                 if p is not None:
                     # `def f(server_args, hf_config)`: the model's config when it is known
                     model = self.ev_new.model_param(p.arg)
                     new.locals[p.arg] = old.locals[p.arg] = model or Val(UNKNOWN)
+            if own is not None and a.args:
+                new.locals[a.args[0].arg] = old.locals[a.args[0].arg] = own
             body = stmts[0].body
         unit = (
             (fi, stmts[0].lineno, stmts[-1].end_lineno or stmts[-1].lineno) if stmts else (fi, 0, 0)
@@ -432,7 +442,8 @@ class Walker:
         if _in_log_call(call, facts.parents):
             return
         guards = st.guards + self._expr_guards(call, facts, st)
-        if all_hold(g.holds_new for g in guards) is not True:
+        # an assumed guard that fails means an earlier raise: the run fails either way
+        if all_hold(g.holds_new for g in guards if not g.assumed) is not True:
             return
         if not carries and all_hold(g.holds_old for g in guards) is True:
             return
@@ -510,7 +521,7 @@ def _boolean_context(node: ast.AST, parents: dict[int, ast.AST]) -> ast.expr | N
         if isinstance(parent, ast.Compare | ast.BoolOp) or (
             isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
         ):
-            context = parent  # type: ignore[assignment]
+            context = parent
             node = parent
         else:
             break
