@@ -201,8 +201,8 @@ def leader(target: ProcessTarget) -> int:
     return int(json.loads(target.pid_file.read_text())["pid"])
 
 
-# How long the engine runs between two reads of its gauges.
-SLICE_S = 0.05
+# How often the flood reads the server's log and its gauges.
+POLL_S = 0.02
 # The API server's line for each request it has handed to the engine core (with
 # --enable-log-requests).
 ADDED = b"Added request "
@@ -216,10 +216,11 @@ async def flood(
     reply's output length.
 
     The engine (every process of the server's group but the API server) is stopped until
-    the API server has handed it every request, then runs in slices of SLICE_S and is
-    stopped again while /metrics is read. On two busy cores the tiny model finishes a
-    request faster than the API server admits the next, and a sampler racing the flood was
-    answered only before and after it (seen: every sample 0)."""
+    the API server has handed it every request: on two busy cores the tiny model finished a
+    request faster than the API server admitted the next, and the gauges read 0 throughout.
+    Once it runs, its scheduler holds the batch full for many rounds while /metrics is read.
+    (It is never stopped while /metrics is read: seen, the API server then answered only
+    after the flood.)"""
     api_server = leader(target)
     engine = [pid for pid in ProcessTarget.group_members(api_server) if pid != api_server]
     assert engine, f"no engine processes in the group of {api_server}"
@@ -232,11 +233,14 @@ async def flood(
 
     async def all_added() -> None:
         while target.log_path.read_bytes()[log_start:].count(ADDED) < len(prompts):
-            await asyncio.sleep(SLICE_S)
+            await asyncio.sleep(POLL_S)
 
     # The sampler's own client: behind the flood's requests in one client's pool, /metrics
     # would be answered only after the flood.
-    async with httpx.AsyncClient(timeout=300.0) as client, httpx.AsyncClient() as sampling:
+    async with (
+        httpx.AsyncClient(timeout=300.0) as client,
+        httpx.AsyncClient(timeout=300.0) as sampling,
+    ):
         model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
         body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
         signal_engine(signal.SIGSTOP)
@@ -245,18 +249,14 @@ async def flood(
                 *(client.post(f"{url}/v1/completions", json={**body, "prompt": p}) for p in prompts)
             )
             await asyncio.wait_for(all_added(), timeout=120.0)
-            while not replies.done():
-                signal_engine(signal.SIGCONT)
-                await asyncio.sleep(SLICE_S)
-                signal_engine(signal.SIGSTOP)
-                metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
-                for i, name in enumerate(
-                    ("vllm:num_requests_running", "vllm:num_requests_waiting")
-                ):
-                    found = promtext.first(metrics, name)
-                    peaks[i] = max(peaks[i], found.value if found else 0.0)
         finally:
             signal_engine(signal.SIGCONT)
+        while not replies.done():
+            metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
+            for i, name in enumerate(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+                found = promtext.first(metrics, name)
+                peaks[i] = max(peaks[i], found.value if found else 0.0)
+            await asyncio.sleep(POLL_S)
         answered = await replies
     assert all(r.status_code == 200 for r in answered)
     return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in answered]
