@@ -130,13 +130,12 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     assert facts.sources["concurrent_requests"] == (
         "bound by max_num_seqs = 8 (startup log: non-default args)"
     )
-    # Four times what it admits: the rest wait, and the running count peaks at the bound
-    # (long completions: the batch stays full while /metrics is read many times).
+    # Four times what it admits: the rest wait, and the running count peaks at the bound.
+    # (Short completions: after 32 x 400 tokens the known-good measured as found ran twice
+    # as fast as a freshly started candidate, a false REVERT in the next test.)
     prompts = ["the cache"] * 32
-    running, waiting, outputs = asyncio.run(
-        flood(vllm_server.target, vllm_server.url, prompts, 400)
-    )
-    assert outputs == [400] * 32
+    running, waiting, outputs = asyncio.run(flood(vllm_server.target, vllm_server.url, prompts, 64))
+    assert outputs == [64] * 32
     assert running == facts.capacity["concurrent_requests"]
     assert waiting > 0
 
