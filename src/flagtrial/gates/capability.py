@@ -222,7 +222,7 @@ _EXTERNAL = {
     "functools.wraps": "lru_cache",
     "functools.cached_property": "property",
 }
-_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+COMPARISONS: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
     ast.Lt: operator.lt,
@@ -1210,7 +1210,7 @@ def _compare(op: ast.cmpop, left: Any, right: Any) -> bool | None:
                 return None
             return found if isinstance(op, ast.In) else not found
         return None
-    fn = _CMP.get(type(op))
+    fn = COMPARISONS.get(type(op))
     if fn is None:
         return None
     if isinstance(left, EnumMember) and isinstance(right, EnumMember):

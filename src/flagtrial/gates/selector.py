@@ -12,12 +12,11 @@ general analysis (it returns None).
 from __future__ import annotations
 
 import ast
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flagtrial.gates.capability import platform_module
+from flagtrial.gates.capability import COMPARISONS, platform_module
 from flagtrial.gates.index import SourceIndex, SourceReader
 
 _UNREAD = object()
@@ -32,12 +31,7 @@ def _not_in(a: Any, b: Any) -> bool:
 
 
 _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
+    **COMPARISONS,
     ast.In: _in,
     ast.NotIn: _not_in,
 }
