@@ -9,6 +9,7 @@ one whose flags vLLM's CPU platform rewrites.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from flagtrial.targets.process import ProcessTarget
 from harness.project import update_project_file
 from harness.session import session_for
 from harness.standin import write_project
-from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, flood, vllm_args
+from harness.vllm_fixtures import FLOOD_LOGS, MODULE, READY_TIMEOUT_S, flood, vllm_args
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ def kv_bound(
         ENV,
         "--kv-cache-memory-bytes",
         KV_BYTES,
-        "--enable-log-requests",
+        *FLOOD_LOGS,
     )
     try:
         yield server
@@ -119,15 +120,14 @@ def test_the_kv_cache_binds_at_the_workload_length(kv_bound: Started) -> None:
 
 
 def test_flood_runs_at_most_what_the_kv_cache_admits(kv_bound: Started) -> None:
-    # Many times the capacity: the scheduler keeps the rest waiting for blocks (some 14
-    # rounds), its gauges read between slices of the engine's run.
+    # Many times the capacity: the scheduler keeps the rest waiting for blocks, and takes
+    # them in over at least 96 / 7 steps.
     prompts = [build_prompt(i, PROMPT_WORDS) for i in range(96)]
-    running, waiting, outputs = asyncio.run(
-        flood(kv_bound.target, kv_bound.url, prompts, MAX_TOKENS)
-    )
-    assert running == kv_bound.facts.capacity["concurrent_requests"]
-    assert waiting > 0
-    assert outputs == [MAX_TOKENS] * 96
+    flooded = asyncio.run(flood(kv_bound.target, kv_bound.url, prompts, MAX_TOKENS))
+    capacity = kv_bound.facts.capacity["concurrent_requests"]
+    assert flooded.peak_running == capacity
+    assert flooded.admitting_steps >= math.ceil(len(prompts) / capacity)
+    assert flooded.outputs == [MAX_TOKENS] * 96
 
 
 def test_rewritten_settings_are_shown_with_their_cause(

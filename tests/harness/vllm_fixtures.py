@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ import pytest
 
 from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
-from flagtrial.engines import promtext
 from flagtrial.launch.change import Change
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
@@ -174,9 +174,11 @@ class VllmTrials:
             asyncio.run(make_target(load_project(project_file)).stop())  # type: ignore[attr-defined]
 
 
-# The known-good of the module's trials and read-only tests (no restart between them); its
-# request lines let `flood` see every request handed to the engine.
-SEQS_8 = ("--max-num-seqs", "8", "--enable-log-requests")
+# The lines `flood` reads: the API server's for each request it hands to the engine core, and
+# the engine's for each scheduler iteration.
+FLOOD_LOGS = ("--enable-log-requests", "--enable-logging-iteration-details")
+# The known-good of the module's trials and read-only tests (no restart between them).
+SEQS_8 = ("--max-num-seqs", "8", *FLOOD_LOGS)
 
 
 @pytest.fixture(scope="module")
@@ -201,31 +203,36 @@ def leader(target: ProcessTarget) -> int:
     return int(json.loads(target.pid_file.read_text())["pid"])
 
 
-# How often the flood reads the server's log and its gauges.
+# How often the flood reads the server's log.
 POLL_S = 0.02
-# The API server's line for each request it has handed to the engine core (with
-# --enable-log-requests).
 ADDED = b"Added request "
+# vLLM's LoggingStatLogger line for one scheduler step (v1/metrics/loggers.py).
+ITERATION = re.compile(
+    rb"Iteration\(\d+\): (\d+) context requests, \d+ context tokens, (\d+) generation requests"
+)
 
 
-async def flood(
-    target: ProcessTarget, url: str, prompts: list[str], max_tokens: int
-) -> tuple[float, float, list[int]]:
-    """One completion per prompt, all at once, to a server started with
-    --enable-log-requests: (peak running, peak waiting) as /metrics reports them, and each
-    reply's output length.
+@dataclass
+class Flood:
+    """What the engine's scheduler did with a flood, step by step, and each reply's length."""
+
+    peak_running: int  # the most requests in one step (prefilling or decoding)
+    admitting_steps: int  # steps that took new requests in: at least prompts / capacity
+    outputs: list[int]
+
+
+async def flood(target: ProcessTarget, url: str, prompts: list[str], max_tokens: int) -> Flood:
+    """One completion per prompt, all at once, to a server started with FLOOD_LOGS.
 
     The engine (every process of the server's group but the API server) is stopped until
     the API server has handed it every request: on two busy cores the tiny model finished a
-    request faster than the API server admitted the next, and the gauges read 0 throughout.
-    Once it runs, its scheduler holds the batch full for many rounds while /metrics is read.
-    (It is never stopped while /metrics is read: seen, the API server then answered only
-    after the flood.)"""
+    request faster than the API server admitted the next, and no batch filled. The batch
+    sizes are the engine's own, one log line per step: /metrics, polled while the engine
+    ran, was answered only after the flood in the whole suite (its API server busy)."""
     api_server = leader(target)
     engine = [pid for pid in ProcessTarget.group_members(api_server) if pid != api_server]
     assert engine, f"no engine processes in the group of {api_server}"
     log_start = target.log_path.stat().st_size
-    peaks = [0.0, 0.0]
 
     def signal_engine(sig: signal.Signals) -> None:
         for pid in engine:
@@ -235,12 +242,7 @@ async def flood(
         while target.log_path.read_bytes()[log_start:].count(ADDED) < len(prompts):
             await asyncio.sleep(POLL_S)
 
-    # The sampler's own client: behind the flood's requests in one client's pool, /metrics
-    # would be answered only after the flood.
-    async with (
-        httpx.AsyncClient(timeout=300.0) as client,
-        httpx.AsyncClient(timeout=300.0) as sampling,
-    ):
+    async with httpx.AsyncClient(timeout=300.0) as client:
         model = (await client.get(f"{url}/v1/models")).json()["data"][0]["id"]
         body = {"model": model, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
         signal_engine(signal.SIGSTOP)
@@ -251,12 +253,13 @@ async def flood(
             await asyncio.wait_for(all_added(), timeout=120.0)
         finally:
             signal_engine(signal.SIGCONT)
-        while not replies.done():
-            metrics = promtext.parse((await sampling.get(f"{url}/metrics")).text)
-            for i, name in enumerate(("vllm:num_requests_running", "vllm:num_requests_waiting")):
-                found = promtext.first(metrics, name)
-                peaks[i] = max(peaks[i], found.value if found else 0.0)
-            await asyncio.sleep(POLL_S)
         answered = await replies
     assert all(r.status_code == 200 for r in answered)
-    return peaks[0], peaks[1], [r.json()["usage"]["completion_tokens"] for r in answered]
+    log = target.log_path.read_bytes()[log_start:]
+    steps = [(int(context), int(generation)) for context, generation in ITERATION.findall(log)]
+    assert sum(context for context, _ in steps) >= len(prompts), "iteration lines missing"
+    return Flood(
+        peak_running=max(context + generation for context, generation in steps),
+        admitting_steps=sum(1 for context, _ in steps if context),
+        outputs=[r.json()["usage"]["completion_tokens"] for r in answered],
+    )
