@@ -3,7 +3,8 @@
 set -euo pipefail
 need=()
 # systemd: its own unit parser checks our ExecStart quoting (tests); util-linux: setpriv, flock.
-for pkg in python3 python3-venv python3-dev cmake g++ make git libgomp1 curl iproute2 systemd util-linux; do
+# nginx: the load client's tests and benchmark stream pre-rendered SSE from it.
+for pkg in python3 python3-venv python3-dev cmake g++ make git libgomp1 curl iproute2 systemd util-linux nginx-light; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -12,4 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 apt-get update -qq
+# No service may start on install (nginx would listen on port 80): tests start their own.
+policy=/usr/sbin/policy-rc.d
+[ -e "$policy" ] || { printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && trap 'rm -f "$policy"' EXIT; }
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -30,10 +30,14 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flagtrial.targets.base import Target
 from flagtrial.targets.hostfacts import nvidia_smi, nvidia_smi_rows
 from flagtrial.targets.systemd import SystemdTarget
+
+if TYPE_CHECKING:
+    from flagtrial.load.summary import RunSummary
 
 # The Linux user-space tick of /proc/stat and /proc/<pid>/stat: 100 Hz on every mainstream
 # architecture (USER_HZ is fixed by the kernel ABI, independent of CONFIG_HZ).
@@ -328,6 +332,24 @@ def disturbed(load: ForeignLoad, max_cpu_cores: float) -> str | None:
             f"{load.own_cores:.2f} cores the {load.n_cpus} CPUs had none to spare"
         )
     return None
+
+
+# One event loop sends the load: busy (on a CPU or waiting for one) this share of a run, it
+# could send and read no faster.
+CLIENT_BUSY_MAX_SHARE = 0.9
+
+
+def client_bound(summary: RunSummary) -> str | None:
+    """Why a run measured the load client rather than the server, or None: its event loop
+    was busy the whole run, so responses waited inside it and every timestamp came late."""
+    if summary.client_busy_share < CLIENT_BUSY_MAX_SHARE:
+        return None
+    lag = summary.client_lag_p99_s
+    return (
+        f"client-bound: the load client was busy {summary.client_busy_share:.0%} of the run"
+        + (f" and its event loop ran {lag * 1000:.1f} ms late at p99" if lag is not None else "")
+        + " (the server may be faster than it could measure)"
+    )
 
 
 async def sample_target(target: Target) -> LoadSample | None:

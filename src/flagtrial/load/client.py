@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import Any
 
-import httpx
+import numpy as np
+import orjson
 
+from flagtrial.load.http import BadResponse, Connection, Pool, StaleConnection
+from flagtrial.load.sse import SseSplitter
 from flagtrial.load.workload import Workload
 
 # Plain English words: tokenizers of every real model split them into few tokens each.
@@ -111,18 +114,108 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
     return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether a connect error comes from a refused connection (anyio wraps the OS error)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, ConnectionRefusedError):
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
+class _Stream:
+    """One streamed completion as its bytes arrive (a `load.http.Receiver`): the time of each
+    read that carried text, the usage chunk, and how it ended."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.ended: asyncio.Future[None] = loop.create_future()
+        self.code: int | None = None
+        self.error_body = bytearray()
+        self.events = SseSplitter()
+        self.text_times = array("d")
+        self.usage: dict[str, Any] = {}
+        self.done = False  # [DONE] came
+
+    def status(self, code: int) -> None:
+        self.code = code
+
+    def body(self, data: bytes, at: float) -> None:
+        if self.ended.done():  # failed already: the rest is dropped with the connection
+            return
+        if self.code != 200:
+            self.error_body += data
+            return
+        for payload in self.events.feed(data):
+            if self.done:
+                return
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return self._end(_RequestError("bad stream data"))
+            if not isinstance(chunk, dict):
+                return self._end(_RequestError("bad stream data"))
+            if "error" in chunk:
+                return self._end(_RequestError(f"stream error: {_error_name(chunk)}"))
+            if _chunk_text(chunk):
+                self.text_times.append(at)
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+
+    def complete(self) -> None:
+        if self.code != 200:
+            try:
+                name = _error_name(orjson.loads(self.error_body))
+            except orjson.JSONDecodeError:
+                name = self.error_body.decode(errors="replace").strip()[:120]
+            status = f"HTTP {self.code}"
+            self._end(_RequestError(f"{status}: {name}" if name else status))
+        elif not self.done:
+            self._end(_RequestError("stream ended early"))
+        else:
+            self._end(None)
+
+    def lost(self, exc: BaseException) -> None:
+        if isinstance(exc, StaleConnection):
+            self._end(exc)
+        elif self.done:  # a body delimited by the connection's close
+            self._end(None)
+        elif isinstance(exc, BadResponse):
+            self._end(_RequestError("bad HTTP response"))
+        else:
+            # The server closed or reset the connection mid-request, e.g. it crashed.
+            self._end(_RequestError("connection lost"))
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self.ended.done():
+            return
+        if exc is None:
+            self.ended.set_result(None)
+        else:
+            self.ended.set_exception(exc)
+
+
+async def _connect(pool: Pool) -> Connection:
+    try:
+        return await pool.connection()
+    except ConnectionRefusedError:
+        raise _RequestError("connection refused") from None
+    except OSError:
+        raise _RequestError("connect error") from None
+
+
+async def _exchange(pool: Pool, request: bytes, stream_of: Callable[[], _Stream]) -> _Stream:
+    """Send `request` and wait for its whole response; again on a fresh connection when a
+    pooled one turns out closed before answering (each stale one is dropped, so this ends)."""
+    while True:
+        conn = await _connect(pool)
+        stream = stream_of()
+        conn.send(request, stream)
+        try:
+            await stream.ended
+            return stream
+        except StaleConnection:
+            continue
+        finally:
+            if conn.receiver is stream:  # abandoned mid-response: the rest is of no use
+                conn.close()
 
 
 async def send_request(
-    client: httpx.AsyncClient,
+    pool: Pool,
     workload: Workload,
     prompt: str,
     *,
@@ -137,68 +230,36 @@ async def send_request(
     request_deadline = loop.time() + workload.request_timeout_s
     deadline = request_deadline if run_deadline is None else min(run_deadline, request_deadline)
     run_bound_first = deadline != request_deadline
+    request = pool.post(endpoint(workload), orjson.dumps(request_body(workload, prompt)))
 
     start = time.perf_counter()
-    status: int | None = None
-    text_times: list[float] = []
-    usage: dict[str, Any] = {}
+    streams: list[_Stream] = []
+
+    def stream_of() -> _Stream:
+        streams.append(_Stream(loop))
+        return streams[-1]
+
     error: str | None = None
     try:
         async with asyncio.timeout_at(deadline):
-            async with client.stream(
-                "POST", endpoint(workload), json=request_body(workload, prompt)
-            ) as response:
-                status = response.status_code
-                if status != 200:
-                    body = await response.aread()
-                    try:
-                        name = _error_name(json.loads(body))
-                    except ValueError:
-                        name = body.decode(errors="replace").strip()[:120]
-                    raise _RequestError(f"HTTP {status}: {name}" if name else f"HTTP {status}")
-                done = False
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, `event:` lines
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise _RequestError("bad stream data") from None
-                    if "error" in chunk:
-                        raise _RequestError(f"stream error: {_error_name(chunk)}")
-                    if _chunk_text(chunk):
-                        text_times.append(time.perf_counter())
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                if not done:
-                    raise _RequestError("stream ended early")
+            await _exchange(pool, request, stream_of)
     except _RequestError as exc:
         error = str(exc)
     except TimeoutError:
         error = "cancelled at run bound" if run_bound_first else "timeout"
-    except httpx.TimeoutException:
-        error = "timeout"
-    except httpx.ConnectError as exc:
-        error = "connection refused" if _refused(exc) else "connect error"
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-        # The server closed or reset the connection mid-request, e.g. it crashed.
-        error = "connection lost"
-    except httpx.HTTPError as exc:
-        error = type(exc).__name__
     end = time.perf_counter()
 
+    stream = streams[-1] if streams else None
+    times = np.frombuffer(stream.text_times, dtype=np.float64) if stream else np.empty(0)
+    usage = stream.usage if stream else {}
     return RequestRecord(
         ok=error is None,
         error=error,
-        status=status,
+        status=stream.code if stream else None,
         start=start,
         end=end,
-        ttft_s=text_times[0] - start if text_times else None,
-        itl_s=[b - a for a, b in pairwise(text_times)],
-        output_tokens=int(usage.get("completion_tokens", len(text_times))),
+        ttft_s=float(times[0]) - start if len(times) else None,
+        itl_s=np.diff(times).tolist(),
+        output_tokens=int(usage.get("completion_tokens", len(times))),
         prompt_tokens=usage.get("prompt_tokens"),
     )

@@ -3,13 +3,56 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-
-import httpx
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from flagtrial.load.client import RequestRecord, build_prompt, send_request
+from flagtrial.load.http import Pool
 from flagtrial.load.summary import RunSummary, summarize
 from flagtrial.load.workload import Workload
+
+# How often the client's event loop is woken to see how late it runs.
+LAG_PROBE_S = 0.005
+
+
+def _thread_busy_s() -> float:
+    """Seconds the calling thread has been on a CPU or runnable waiting for one (Linux's
+    schedstat); its CPU time alone where the kernel keeps no schedstat."""
+    try:
+        on_cpu, waiting = Path("/proc/thread-self/schedstat").read_text().split()[:2]
+    except (OSError, ValueError):
+        return time.thread_time()
+    return (int(on_cpu) + int(waiting)) / 1e9
+
+
+@dataclass
+class ClientLoad:
+    """How busy sending a run kept the client: its event loop's thread (on a CPU or waiting
+    for one: either way no response was read meanwhile) and how late the loop woke."""
+
+    busy_s: float = 0.0
+    lags_s: list[float] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+
+        async def probe() -> None:
+            while True:
+                due = loop.time() + LAG_PROBE_S
+                await asyncio.sleep(LAG_PROBE_S)
+                self.lags_s.append(max(0.0, loop.time() - due))
+
+        busy = _thread_busy_s()
+        task = asyncio.create_task(probe())
+        try:
+            yield
+        finally:
+            task.cancel()
+            self.busy_s = _thread_busy_s() - busy
 
 
 @dataclass
@@ -21,7 +64,7 @@ class RunResult:
 
 
 async def _closed_loop(
-    client: httpx.AsyncClient,
+    pool: Pool,
     workload: Workload,
     concurrency: int,
     indices: range,
@@ -42,7 +85,7 @@ async def _closed_loop(
             if loop.time() >= run_deadline:
                 return
             prompt = build_prompt(index, workload.prompt_words, seed)
-            records.append(await send_request(client, workload, prompt, run_deadline=run_deadline))
+            records.append(await send_request(pool, workload, prompt, run_deadline=run_deadline))
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(indices)))))
     return records
@@ -68,21 +111,18 @@ async def run_level(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     n = workload.requests_per_run if n_requests is None else n_requests
     n_warmup = workload.warmup_requests if warmup else 0
-    # No keep-alive: a pooled connection the server already closed after a stream fails the
-    # next request with "Server disconnected" (seen with llama-server), a client-side artefact
-    # that would count as a server error. A fresh loopback connection costs far less than that.
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=0)
-    # httpx's own 5 s default would cut off a request queued behind others; send_request
-    # bounds each request by request_timeout_s itself. trust_env=False: no proxy from the
-    # environment may sit between us and the server.
-    timeout = httpx.Timeout(workload.request_timeout_s)
-    async with httpx.AsyncClient(
-        base_url=base_url, limits=limits, timeout=timeout, trust_env=False
-    ) as client:
+    # Keep-alive connections, one per worker; no proxy from the environment is ever used.
+    pool = Pool(base_url)
+    try:
         if n_warmup:
-            await _closed_loop(client, workload, concurrency, range(n_warmup), seed)
-        records = await _closed_loop(
-            client, workload, concurrency, range(n_warmup, n_warmup + n), seed
-        )
+            await _closed_loop(pool, workload, concurrency, range(n_warmup), seed)
+        client = ClientLoad()
+        async with client.watching():
+            records = await _closed_loop(
+                pool, workload, concurrency, range(n_warmup, n_warmup + n), seed
+            )
+    finally:
+        pool.close()
     max_tokens = workload.max_tokens if workload.ignore_eos else None
-    return RunResult(summary=summarize(records, concurrency, max_tokens), records=records)
+    summary = summarize(records, concurrency, max_tokens, client.busy_s, client.lags_s)
+    return RunResult(summary=summary, records=records)

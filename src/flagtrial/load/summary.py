@@ -40,6 +40,10 @@ class RunSummary(BaseModel):
     # Successful requests that returned fewer than max_tokens tokens: the server cut them
     # (e.g. the slot's context filled up), so throughput compares unequal work.
     n_short: int = 0
+    # The client's own load: the share of the run its event loop's thread was on a CPU or
+    # waiting for one (near 1.0 it could send and read no faster), and how late it woke.
+    client_busy_share: float = 0.0
+    client_lag_p99_s: float | None = None
 
 
 def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
@@ -49,7 +53,11 @@ def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | N
 
 
 def summarize(
-    records: Sequence[RequestRecord], concurrency: int, max_tokens: int | None = None
+    records: Sequence[RequestRecord],
+    concurrency: int,
+    max_tokens: int | None = None,
+    client_busy_s: float = 0.0,
+    client_lags_s: Sequence[float] = (),
 ) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
@@ -78,4 +86,6 @@ def summarize(
         e2e_p50=e2e_p50,
         errors=dict(Counter(r.error for r in records if r.error is not None)),
         n_short=sum(1 for r in ok if max_tokens is not None and r.output_tokens < max_tokens),
+        client_busy_share=client_busy_s / duration if duration > 0 else 0.0,
+        client_lag_p99_s=_percentiles(client_lags_s, (99,))[0],
     )
