@@ -118,7 +118,7 @@ def real_table(engine: str, site: Path, python: Path) -> dict[str, Any]:
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith(mark)), None)
     table = json.loads(line[len(mark) :]) if line else {"error": proc.stderr[-2000:]}
     if "flags" in table:
-        sourceread.common.mark_deprecations(table["flags"])  # as pyengine.parser_table does
+        sourceread.mark_deprecations(table["flags"])  # as pyengine.parser_table does
     return table
 
 

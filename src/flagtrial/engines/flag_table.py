@@ -16,7 +16,7 @@ from typing import Any
 from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.schema import FlagDef, FlagSchema
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.sourceread.common import canonical
+from flagtrial.sourceread import canonical
 
 _HUMAN_INT = re.compile(r"-?\d+(\.\d+)?[kKmMgGtT]?")
 

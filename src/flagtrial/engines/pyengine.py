@@ -172,7 +172,7 @@ async def parser_table(target: Target, python: str, builder: str) -> dict[str, A
     if table is None:
         return {"error": f"the engine's parser did not build (exit {rc})"}
     if "flags" in table:
-        sourceread.common.mark_deprecations(table["flags"])
+        sourceread.mark_deprecations(table["flags"])
     return table
 
 
