@@ -140,8 +140,7 @@ async def send_request(
 
     start = time.perf_counter()
     status: int | None = None
-    text_times: list[float] = []
-    usage: dict[str, Any] = {}
+    seen = _Stream()
     error: str | None = None
     try:
         async with asyncio.timeout_at(deadline):
@@ -149,33 +148,8 @@ async def send_request(
                 "POST", endpoint(workload), json=request_body(workload, prompt)
             ) as response:
                 status = response.status_code
-                if status != 200:
-                    body = await response.aread()
-                    try:
-                        name = _error_name(json.loads(body))
-                    except ValueError:
-                        name = body.decode(errors="replace").strip()[:120]
-                    raise _RequestError(f"HTTP {status}: {name}" if name else f"HTTP {status}")
-                done = False
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, `event:` lines
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except ValueError:
-                        raise _RequestError("bad stream data") from None
-                    if "error" in chunk:
-                        raise _RequestError(f"stream error: {_error_name(chunk)}")
-                    if _chunk_text(chunk):
-                        text_times.append(time.perf_counter())
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                if not done:
-                    raise _RequestError("stream ended early")
+                await _check_status(response)
+                await _read_stream(response, seen)
     except _RequestError as exc:
         error = str(exc)
     except TimeoutError:
@@ -191,6 +165,7 @@ async def send_request(
         error = type(exc).__name__
     end = time.perf_counter()
 
+    text_times = seen.text_times
     return RequestRecord(
         ok=error is None,
         error=error,
@@ -199,6 +174,48 @@ async def send_request(
         end=end,
         ttft_s=text_times[0] - start if text_times else None,
         itl_s=[b - a for a, b in pairwise(text_times)],
-        output_tokens=int(usage.get("completion_tokens", len(text_times))),
-        prompt_tokens=usage.get("prompt_tokens"),
+        output_tokens=int(seen.usage.get("completion_tokens", len(text_times))),
+        prompt_tokens=seen.usage.get("prompt_tokens"),
     )
+
+
+@dataclass
+class _Stream:
+    """What a response's stream carried so far: kept when the stream breaks off."""
+
+    text_times: list[float] = field(default_factory=list)  # when each text chunk arrived
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+async def _check_status(response: httpx.Response) -> None:
+    """A response other than 200 is a failed request, named by its error body."""
+    status = response.status_code
+    if status == 200:
+        return
+    body = await response.aread()
+    try:
+        name = _error_name(json.loads(body))
+    except ValueError:
+        name = body.decode(errors="replace").strip()[:120]
+    raise _RequestError(f"HTTP {status}: {name}" if name else f"HTTP {status}")
+
+
+async def _read_stream(response: httpx.Response, seen: _Stream) -> None:
+    """Read the server-sent events up to `[DONE]` into `seen`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, `event:` lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise _RequestError("bad stream data") from None
+        if "error" in chunk:
+            raise _RequestError(f"stream error: {_error_name(chunk)}")
+        if _chunk_text(chunk):
+            seen.text_times.append(time.perf_counter())
+        if chunk.get("usage"):
+            seen.usage = chunk["usage"]
+    raise _RequestError("stream ended early")
