@@ -17,7 +17,7 @@ from flagtrial.errors import ChangeError, UnknownFlagError
 from flagtrial.launch.helptext import FlagDef
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.sourceread import canonical
+from flagtrial.sourceread.flags import canonical
 
 _HUMAN_INT = re.compile(r"-?\d+(\.\d+)?[kKmMgGtT]?")
 

@@ -9,7 +9,7 @@ One module per engine (`sglang.py`; `vllm.py` with `vllm_config.py`) on the shar
 `modules.py` (the module resolver), `evaluate.py` (expressions and annotations), `flags.py`
 (argparse's rules), `deprecations.py` (help texts) and `fields.py` (declared fields); flag
 validation (engines/pyengine.py) and the gate analysis (gates/) both read flags through this
-package, whose names in `__all__` are the ones they use.
+package.
 
 This package imports only the standard library: flagtrial runs it on the engine's host with
 the host's Python (`python -c PROGRAM ENGINE`, see `program` and `main`), next to the
@@ -37,29 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from . import sglang, vllm
-from .deprecations import mark_deprecations
 from .evaluate import Unresolved
-from .fields import UNSET, EngineLayout, FieldDef, FlagTable, read_fields
-from .flags import canonical, switch_value
-from .modules import Source, absolute, dotted, module_name
-
-__all__ = [
-    "LAYOUTS",
-    "UNSET",
-    "EngineLayout",
-    "FieldDef",
-    "FlagTable",
-    "absolute",
-    "canonical",
-    "dotted",
-    "extract",
-    "installed",
-    "mark_deprecations",
-    "module_name",
-    "program",
-    "read_flag_table",
-    "switch_value",
-]
+from .fields import EngineLayout, FlagTable, read_fields
+from .modules import Source
 
 EXTRACTORS = {"sglang": sglang.sglang_flags, "vllm": vllm.vllm_flags}
 LAYOUTS: dict[str, EngineLayout] = {"sglang": sglang.LAYOUT, "vllm": vllm.LAYOUT}
