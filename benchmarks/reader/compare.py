@@ -34,6 +34,7 @@ from flagtrial import sourceread
 from flagtrial.cache import cache_root, vllm_python
 from flagtrial.engines import parser_dump, vllm
 from flagtrial.gates.wheel import engine_source
+from flagtrial.sourceread.deprecations import mark_deprecations
 
 HERE = Path(__file__).parent
 # Every release PyPI serves in the supported range (pip index versions, 2026-12-01).
@@ -118,7 +119,7 @@ def real_table(engine: str, site: Path, python: Path) -> dict[str, Any]:
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith(mark)), None)
     table = json.loads(line[len(mark) :]) if line else {"error": proc.stderr[-2000:]}
     if "flags" in table:
-        sourceread.common.mark_deprecations(table["flags"])  # as pyengine.parser_table does
+        mark_deprecations(table["flags"])  # as pyengine.parser_table does
     return table
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -13,95 +12,11 @@ from typing import Any
 
 from flagtrial.errors import LedgerError, UsageError
 from flagtrial.launch.spec import decode_spec, encode_spec, spec_sha256
-from flagtrial.reasons import Reason, coded
+from flagtrial.ledger_schema import SCHEMA_VERSION, coded_trial, migrate, owner_only
+from flagtrial.reasons import Reason
 from flagtrial.records import Event, Generation, RunRow, TrialRow
 from flagtrial.redact import Redactor
 from flagtrial.states import FINAL, TrialState, check
-
-SCHEMA_VERSION = 4
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS generations (
-  id INTEGER PRIMARY KEY,
-  target TEXT NOT NULL,
-  spec BLOB NOT NULL,
-  spec_sha256 TEXT NOT NULL,
-  created_at REAL NOT NULL,
-  known_good INTEGER NOT NULL DEFAULT 0,
-  good_at REAL,
-  facts_json TEXT,
-  note TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS trials (
-  id INTEGER PRIMARY KEY,
-  target TEXT NOT NULL,
-  change_json TEXT NOT NULL,
-  baseline_gen INTEGER NOT NULL REFERENCES generations(id),
-  candidate_gen INTEGER REFERENCES generations(id),
-  state TEXT NOT NULL,
-  verdict TEXT,
-  reasons_json TEXT NOT NULL DEFAULT '[]',
-  record_json TEXT NOT NULL DEFAULT '{}',
-  started_at REAL NOT NULL,
-  finished_at REAL
-);
-CREATE TABLE IF NOT EXISTS events (
-  id INTEGER PRIMARY KEY,
-  trial_id INTEGER NOT NULL REFERENCES trials(id),
-  at REAL NOT NULL,
-  state TEXT NOT NULL,
-  detail TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS runs (
-  id INTEGER PRIMARY KEY,
-  trial_id INTEGER NOT NULL REFERENCES trials(id),
-  arm TEXT NOT NULL,
-  concurrency INTEGER NOT NULL,
-  run_index INTEGER NOT NULL,
-  summary_json TEXT NOT NULL,
-  at REAL NOT NULL,
-  block INTEGER NOT NULL DEFAULT 0,
-  disturbed TEXT,
-  foreign_json TEXT
-);
-"""
-# Schema 1 -> 2: runs know their restart block and the foreign load measured around them.
-MIGRATE_1_TO_2 = """
-ALTER TABLE runs ADD COLUMN block INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE runs ADD COLUMN disturbed TEXT;
-ALTER TABLE runs ADD COLUMN foreign_json TEXT;
-"""
-# Schema 2 -> 3: a generation holds its spec's exact bytes (TEXT cannot hold a non-UTF-8
-# byte). Schema 2 could only store valid UTF-8, so its text cast to bytes is exact and its
-# hashes stay right.
-MIGRATE_2_TO_3 = """
-ALTER TABLE generations ADD COLUMN spec BLOB NOT NULL DEFAULT x'';
-UPDATE generations SET spec = CAST(spec_text AS BLOB);
-ALTER TABLE generations DROP COLUMN spec_text;
-"""
-# Schema 3 -> 4: reasons carry their codes (flagtrial.reasons); one stored as plain text
-# becomes a reason of code "text" with its words (_coded_trial), in the trial's reasons and
-# in the verdict of its record.
-
-
-# The ledger holds launch specs as they are (secrets included, to restore them byte for
-# byte): owner-only. SQLite gives its -wal and -shm files the database file's mode.
-LEDGER_MODE = 0o600
-_SIDECARS = ("", "-wal", "-shm", "-journal")
-
-
-def _owner_only(path: Path) -> None:
-    """Create the ledger file owner-only, and tighten an existing one and its sidecars."""
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, LEDGER_MODE)
-    os.close(fd)
-    for suffix in _SIDECARS:
-        side = path.with_name(path.name + suffix)
-        try:
-            mode = side.stat().st_mode & 0o777
-        except FileNotFoundError:
-            continue
-        if mode & 0o077:
-            side.chmod(mode & 0o700)
 
 
 class Ledger:
@@ -114,39 +29,14 @@ class Ledger:
         self._learnt_gen = 0  # generations up to this id have taught self.secrets
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _owner_only(path)
+            owner_only(path)
             self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
             self.db.row_factory = sqlite3.Row
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
+            migrate(self.db, path, self.tx)
         except (sqlite3.Error, OSError) as e:
             raise LedgerError(f"ledger {path}: {e}") from e
-
-    def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise LedgerError(
-                f"ledger {self.path} has schema {version}, "
-                f"newer than this flagtrial ({SCHEMA_VERSION})"
-            )
-        # executescript commits on its own, so each migration is one script.
-        if version < 1:
-            self.db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
-            return
-        if version == 1:
-            self.db.executescript(f"BEGIN; {MIGRATE_1_TO_2} PRAGMA user_version=2; COMMIT;")
-        if version <= 2:
-            self.db.executescript(f"BEGIN; {MIGRATE_2_TO_3} PRAGMA user_version=3; COMMIT;")
-        if version <= 3:
-            with self.tx() as db:
-                for row in db.execute("SELECT * FROM trials").fetchall():
-                    new = _coded_trial(dict(row))
-                    db.execute(
-                        "UPDATE trials SET reasons_json=?, record_json=? WHERE id=?",
-                        (new["reasons_json"], new["record_json"], row["id"]),
-                    )
-                db.execute("PRAGMA user_version=4")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -446,23 +336,9 @@ def _imported(row: dict[str, Any]) -> dict[str, Any]:
     """An exported row as the ledger holds it: a generation's spec text as its bytes, a
     trial's reasons with codes."""
     if "reasons_json" in row:
-        return _coded_trial(row)
+        return coded_trial(row)
     if "spec_text" not in row:
         return row
     row = dict(row)
     row["spec"] = encode_spec(row.pop("spec_text"))
     return row
-
-
-def _coded_trial(row: dict[str, Any]) -> dict[str, Any]:
-    """A trial row with every reason coded (reasons.coded): in its reasons column and in the
-    verdict its record holds."""
-    record = json.loads(row["record_json"])
-    verdict = record.get("verdict")
-    if isinstance(verdict, dict) and isinstance(verdict.get("reasons"), list):
-        verdict["reasons"] = coded(verdict["reasons"])
-    return {
-        **row,
-        "reasons_json": json.dumps(coded(json.loads(row["reasons_json"]))),
-        "record_json": json.dumps(record),
-    }

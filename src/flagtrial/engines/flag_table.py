@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flagtrial.errors import ChangeError, UnknownFlagError
-from flagtrial.launch.schema import FlagDef, FlagSchema
+from flagtrial.launch.helptext import FlagDef
+from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import LaunchSpec
-from flagtrial.sourceread.common import canonical
+from flagtrial.sourceread.flags import canonical
 
 _HUMAN_INT = re.compile(r"-?\d+(\.\d+)?[kKmMgGtT]?")
 

@@ -86,6 +86,56 @@ def parse_startup_log(log: str) -> tuple[dict[str, Scalar], list[str]]:
     return settings, lines
 
 
+def _slot_limits(slots: float, n_ctx: float, sources: dict[str, str]) -> list[Limit]:
+    """The slots, and the context of one slot: a slot serves a request of at most n_ctx_slot
+    tokens; a longer one fails ("the request exceeds the available context size", or
+    "Context size has been exceeded" once its output reaches it), whatever the other slots do."""
+    return [
+        Limit(
+            name="total_slots",
+            setting=slots,
+            admits=slots,
+            source=sources["concurrent_requests"],
+        ),
+        Limit(
+            name="n_ctx_slot",
+            setting=n_ctx,
+            admits=slots,
+            source=sources["context_per_request"],
+            per="context",
+            slots=slots,
+        ),
+    ]
+
+
+def _kv_cells(
+    settings: dict[str, Scalar], capacity: dict[str, float], sources: dict[str, str]
+) -> list[Limit]:
+    """The KV cells the startup log states, into `capacity`; a unified cache's limit."""
+    cells, slots_read = settings.get("n_ctx_slot"), settings.get("n_slots")
+    if not (isinstance(cells, int | float) and isinstance(slots_read, int | float)):
+        return []
+    # A unified KV cache is one pool of n_ctx_slot cells shared by every slot; otherwise
+    # each slot owns its own n_ctx_slot cells.
+    shared = settings["kv_unified"]
+    capacity["kv_tokens"] = float(cells) * (1 if shared else slots_read)
+    sources["kv_tokens"] = "startup log: n_slots, n_ctx_slot, kv_unified"
+    if not shared:
+        return []
+    # Every slot is started whatever the pool holds; once it is full, the requests in flight
+    # fail ("Context size has been exceeded"): the pool decides how many run at once and
+    # complete.
+    return [
+        Limit(
+            name="kv_unified_cells",
+            setting=capacity["kv_tokens"],
+            admits=1.0,
+            source="startup log: kv_unified = 'true', n_ctx_slot cells shared",
+            per="pool",
+        )
+    ]
+
+
 class LlamaCppEngine:
     name = "llamacpp"
     default_port = 8080
@@ -122,47 +172,8 @@ class LlamaCppEngine:
             "concurrent_requests": "GET /props total_slots",
             "context_per_request": "GET /props default_generation_settings.n_ctx",
         }
-        limits = [
-            Limit(
-                name="total_slots",
-                setting=slots,
-                admits=slots,
-                source=sources["concurrent_requests"],
-            )
-        ]
-        # A slot serves a request of at most n_ctx_slot tokens: a longer one fails ("the
-        # request exceeds the available context size", or "Context size has been exceeded"
-        # once its output reaches it), whatever the other slots do.
-        limits.append(
-            Limit(
-                name="n_ctx_slot",
-                setting=n_ctx,
-                admits=slots,
-                source=sources["context_per_request"],
-                per="context",
-                slots=slots,
-            )
-        )
-        cells, slots_read = settings.get("n_ctx_slot"), settings.get("n_slots")
-        if isinstance(cells, int | float) and isinstance(slots_read, int | float):
-            # A unified KV cache is one pool of n_ctx_slot cells shared by every slot; otherwise
-            # each slot owns its own n_ctx_slot cells.
-            shared = settings["kv_unified"]
-            capacity["kv_tokens"] = float(cells) * (1 if shared else slots_read)
-            sources["kv_tokens"] = "startup log: n_slots, n_ctx_slot, kv_unified"
-            if shared:
-                # Every slot is started whatever the pool holds; once it is full, the requests
-                # in flight fail ("Context size has been exceeded"): the pool decides how many
-                # run at once and complete.
-                limits.append(
-                    Limit(
-                        name="kv_unified_cells",
-                        setting=capacity["kv_tokens"],
-                        admits=1.0,
-                        source="startup log: kv_unified = 'true', n_ctx_slot cells shared",
-                        per="pool",
-                    )
-                )
+        limits = _slot_limits(slots, n_ctx, sources)
+        limits += _kv_cells(settings, capacity, sources)
         bind(capacity, sources, limits)
         return Facts(
             engine=self.name,

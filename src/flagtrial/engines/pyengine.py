@@ -27,6 +27,7 @@ from flagtrial.engines import parser_dump
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.schema_cache import cache_dir
 from flagtrial.errors import SpecError, TargetError
+from flagtrial.sourceread.deprecations import mark_deprecations
 from flagtrial.targets.base import Target
 
 # Run with the unit's interpreter; prints one marked JSON line after whatever the import logs.
@@ -172,7 +173,7 @@ async def parser_table(target: Target, python: str, builder: str) -> dict[str, A
     if table is None:
         return {"error": f"the engine's parser did not build (exit {rc})"}
     if "flags" in table:
-        sourceread.common.mark_deprecations(table["flags"])
+        mark_deprecations(table["flags"])
     return table
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from typing import Any
 
 from flagtrial.facts import Scalar
 
@@ -92,3 +93,18 @@ def parse_repr(text: str) -> dict[str, Scalar]:
     if (m := _CALL.match(body)) and body.endswith(")"):
         return parse_kwargs(body[m.end() : -1])
     return parse_kwargs(body)
+
+
+def flatten(body: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
+    """A resolved record (JSON) as settings: nested records become dotted keys, a list its
+    repr's scalar."""
+    out: dict[str, Scalar] = {}
+    for key, value in body.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        elif isinstance(value, list):
+            out[name] = scalar(repr(value))
+        else:
+            out[name] = value
+    return out

@@ -22,7 +22,6 @@ from pydantic import BaseModel, Field, field_validator
 from flagtrial.cache import cache_root
 from flagtrial.engines import pyrepr, resolve_dump
 from flagtrial.engines import sglang as sglang_engine
-from flagtrial.engines import vllm as vllm_engine
 from flagtrial.engines.pyengine import _marked, host_python
 from flagtrial.facts import Facts, FactsDiff, Scalar, diff_facts
 from flagtrial.gates.model import GateHost
@@ -155,7 +154,7 @@ def _settings(engine: str, argv: list[str], out: dict[str, Any]) -> dict[str, Sc
                 settings.pop(key, None)
         return settings
     settings = pyrepr.parse_kwargs(out.get("config_line") or "")
-    settings.update(vllm_engine.flatten(out.get("settings") or {}))
+    settings.update(pyrepr.flatten(out.get("settings") or {}))
     return settings
 
 

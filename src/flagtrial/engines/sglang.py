@@ -180,20 +180,9 @@ def server_args_from_log(log: str, version: str | None) -> dict[str, Scalar]:
     return {}
 
 
-def flatten(body: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
-    """Resolved fields as settings; nested records become dotted keys."""
-    out: dict[str, Scalar] = {}
-    for key, value in body.items():
-        if not prefix and key in _NOT_SETTINGS:
-            continue
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{name}."))
-        elif isinstance(value, list):
-            out[name] = pyrepr.scalar(repr(value))
-        else:
-            out[name] = value
-    return out
+def flatten(body: dict[str, Any]) -> dict[str, Scalar]:
+    """Resolved fields as settings, less the keys that are not settings."""
+    return pyrepr.flatten({k: v for k, v in body.items() if k not in _NOT_SETTINGS})
 
 
 async def _server_info(
@@ -263,6 +252,80 @@ async def _prompt_tokens(
     return longest
 
 
+def _running_limits(path: str, states: list[Any], numbers: dict[str, Any]) -> list[Limit]:
+    """The running-requests limit: summed over the DP ranks /server_info lists, else the
+    startup log's."""
+    running = [
+        s["effective_max_running_requests_per_dp"]
+        for s in states
+        if s.get("effective_max_running_requests_per_dp") is not None
+    ]
+    if running:
+        return [
+            Limit(
+                name="max_running_requests",
+                setting=sum(running),
+                admits=sum(running),
+                source=f"GET {path} internal_states[].effective_max_running_requests_per_dp"
+                f", summed over {len(running)} DP rank(s)",
+            )
+        ]
+    if "running" in numbers:
+        return [
+            Limit(
+                name="max_running_requests",
+                setting=numbers["running"],
+                admits=numbers["running"],
+                source="startup log: max_running_requests",
+            )
+        ]
+    return []
+
+
+async def _kv_per_rank(
+    client: httpx.AsyncClient,
+    base_url: str,
+    path: str,
+    body: dict[str, Any],
+    numbers: dict[str, Any],
+    sources: dict[str, str],
+) -> list[float]:
+    """KV tokens per DP rank (each rank admits into its own pool), from the first source that
+    has them; the source is written into `sources`."""
+    states = body.get("internal_states") or []
+    tokens = [(s.get("memory_usage") or {}).get("token_capacity") for s in states]
+    if tokens and None not in tokens:
+        sources["kv_tokens"] = f"GET {path} internal_states[].memory_usage.token_capacity"
+        return [float(t) for t in tokens if t is not None]
+    if body.get("max_total_num_tokens") is not None:
+        sources["kv_tokens"] = f"GET {path} max_total_num_tokens"
+        return [float(body["max_total_num_tokens"])]
+    if (metric := await _metric(client, base_url, "sglang:max_total_num_tokens")) is not None:
+        sources["kv_tokens"] = "GET /metrics sglang:max_total_num_tokens"
+        return [metric]  # served with --enable-metrics
+    if "kv_pool_tokens" in numbers or "tokens" in numbers:
+        pool = numbers["kv_pool_tokens"] if "kv_pool_tokens" in numbers else numbers["tokens"]
+        sources["kv_tokens"] = "startup log: KV Cache ... #tokens"
+        return [float(pool)]
+    return []
+
+
+def _settings(
+    body: dict[str, Any], startup_log: str, version: str | None, log_settings: dict[str, Scalar]
+) -> dict[str, Scalar]:
+    """The server's settings: /server_info flattened (else the logged server_args), less what
+    SGLang draws at each start unless asked, plus what the startup log adds."""
+    settings = flatten(body) if body else server_args_from_log(startup_log, version)
+    asked = str(body.get("launch_command") or "").split()
+    for key, flag in _DRAWN_AT_START.items():
+        if not any(word.split("=")[0] == flag for word in asked):
+            settings.pop(key, None)
+    settings.update(log_settings)
+    if body.get("max_req_input_len") is not None:
+        settings["max_req_input_len"] = body["max_req_input_len"]
+    return settings
+
+
 class SglangEngine:
     name = "sglang"
     default_port = 30000
@@ -298,48 +361,8 @@ class SglangEngine:
         capacity: dict[str, float] = {}
         sources: dict[str, str] = {}
         states = body.get("internal_states") or []
-        running = [
-            s["effective_max_running_requests_per_dp"]
-            for s in states
-            if s.get("effective_max_running_requests_per_dp") is not None
-        ]
-        limits: list[Limit] = []
-        if running:
-            limits.append(
-                Limit(
-                    name="max_running_requests",
-                    setting=sum(running),
-                    admits=sum(running),
-                    source=f"GET {path} internal_states[].effective_max_running_requests_per_dp"
-                    f", summed over {len(running)} DP rank(s)",
-                )
-            )
-        elif "running" in numbers:
-            limits.append(
-                Limit(
-                    name="max_running_requests",
-                    setting=numbers["running"],
-                    admits=numbers["running"],
-                    source="startup log: max_running_requests",
-                )
-            )
-        # KV tokens per DP rank: each rank admits into its own pool.
-        tokens = [(s.get("memory_usage") or {}).get("token_capacity") for s in states]
-        if tokens and None not in tokens:
-            per_rank = [float(t) for t in tokens if t is not None]
-            sources["kv_tokens"] = f"GET {path} internal_states[].memory_usage.token_capacity"
-        elif body.get("max_total_num_tokens") is not None:
-            per_rank = [float(body["max_total_num_tokens"])]
-            sources["kv_tokens"] = f"GET {path} max_total_num_tokens"
-        elif (metric := await _metric(client, base_url, "sglang:max_total_num_tokens")) is not None:
-            per_rank = [metric]  # served with --enable-metrics
-            sources["kv_tokens"] = "GET /metrics sglang:max_total_num_tokens"
-        elif "kv_pool_tokens" in numbers or "tokens" in numbers:
-            pool = numbers["kv_pool_tokens"] if "kv_pool_tokens" in numbers else numbers["tokens"]
-            per_rank = [float(pool)]
-            sources["kv_tokens"] = "startup log: KV Cache ... #tokens"
-        else:
-            per_rank = []
+        limits = _running_limits(path, states, numbers)
+        per_rank = await _kv_per_rank(client, base_url, path, body, numbers, sources)
         if per_rank:
             capacity["kv_tokens"] = sum(per_rank)
         context = _context(models)
@@ -349,15 +372,7 @@ class SglangEngine:
         elif "context" in numbers:
             capacity["context_per_request"] = float(numbers["context"])
             sources["context_per_request"] = "startup log: context_len"
-
-        settings = flatten(body) if body else server_args_from_log(startup_log, version)
-        asked = str(body.get("launch_command") or "").split()
-        for key, flag in _DRAWN_AT_START.items():
-            if not any(word.split("=")[0] == flag for word in asked):
-                settings.pop(key, None)
-        settings.update(log_settings)
-        if body.get("max_req_input_len") is not None:
-            settings["max_req_input_len"] = body["max_req_input_len"]
+        settings = _settings(body, startup_log, version, log_settings)
         if self.workload is not None:
             page = settings.get("page_size")
             limits += await self._length_limits(

@@ -323,21 +323,59 @@ def parse_startup_log(log: str) -> tuple[dict[str, float], dict[str, Scalar], li
     return numbers, settings, lines
 
 
-def flatten(body: Any, prefix: str = "") -> dict[str, Scalar]:
-    out: dict[str, Scalar] = {}
-    if isinstance(body, dict):
-        for key, value in body.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-    elif isinstance(body, list):
-        out[prefix[:-1]] = pyrepr.scalar(repr(body))
-    else:
-        out[prefix[:-1]] = body
-    return out
-
-
 async def _get(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
     response = await client.get(url)
     return None if response.status_code == 404 else response.raise_for_status()
+
+
+def _capacity(
+    labels: dict[str, str], numbers: dict[str, float], models: dict[str, Any]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """(capacity, its sources): the `vllm:cache_config_info` labels first, then the startup
+    log's lines, the context from /v1/models."""
+    capacity: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    if labels.get("kv_cache_size_tokens") not in (None, "None"):
+        capacity["kv_tokens"] = float(labels["kv_cache_size_tokens"])
+        sources["kv_tokens"] = f"GET /metrics {CACHE_INFO} kv_cache_size_tokens"
+    elif "kv_tokens" in numbers:
+        capacity["kv_tokens"] = numbers["kv_tokens"]
+        sources["kv_tokens"] = "startup log: KV cache size: N tokens"
+    if labels.get("kv_cache_max_concurrency") not in (None, "None"):
+        capacity["concurrent_requests"] = float(labels["kv_cache_max_concurrency"])
+        sources["concurrent_requests"] = f"GET /metrics {CACHE_INFO} kv_cache_max_concurrency"
+    elif "concurrency" in numbers:
+        capacity["concurrent_requests"] = numbers["concurrency"]
+        sources["concurrent_requests"] = (
+            f"startup log: Maximum concurrency for {numbers['for_len']:g} tokens per request"
+        )
+    cards = models.get("data") or []
+    if cards and cards[0].get("max_model_len") is not None:
+        capacity["context_per_request"] = float(cards[0]["max_model_len"])
+        sources["context_per_request"] = "GET /v1/models max_model_len"
+    if "kv_tokens" not in capacity and "gpu_blocks" in numbers and labels.get("block_size"):
+        capacity["kv_tokens"] = numbers["gpu_blocks"] * float(labels["block_size"])
+        sources["kv_tokens"] = f"startup log: # GPU blocks x {CACHE_INFO} block_size"
+    return capacity, sources
+
+
+def _kv_limit(
+    capacity: dict[str, float], sources: dict[str, str], settings: dict[str, Scalar]
+) -> Limit:
+    """The KV cache as a limit: the requests of the reported concurrency that fit."""
+    block = settings.get("cache_config.block_size")
+    size = float(block) if isinstance(block, int) and block > 0 else 1.0
+    return Limit(
+        name="kv_cache_size_tokens",
+        setting=capacity["kv_tokens"],
+        admits=capacity["concurrent_requests"],
+        source=sources["concurrent_requests"],
+        per="pool",
+        block=size,
+        # The first block is the null block, never given to a request
+        # (v1/core/block_pool.py:187); the reported size counts it.
+        reserved=size,
+    )
 
 
 class VllmEngine:
@@ -370,37 +408,13 @@ class VllmEngine:
         version = version_body.json().get("version") if version_body else None
         models = (await client.get(f"{base_url}/v1/models")).raise_for_status().json()
         numbers, log_settings, lines = parse_startup_log(startup_log)
-        capacity: dict[str, float] = {}
-        sources: dict[str, str] = {}
-
         metrics = await _get(client, f"{base_url}/metrics")
         info = promtext.first(promtext.parse(metrics.text), CACHE_INFO) if metrics else None
         labels = info.labels if info else {}
-        if labels.get("kv_cache_size_tokens") not in (None, "None"):
-            capacity["kv_tokens"] = float(labels["kv_cache_size_tokens"])
-            sources["kv_tokens"] = f"GET /metrics {CACHE_INFO} kv_cache_size_tokens"
-        elif "kv_tokens" in numbers:
-            capacity["kv_tokens"] = numbers["kv_tokens"]
-            sources["kv_tokens"] = "startup log: KV cache size: N tokens"
-        if labels.get("kv_cache_max_concurrency") not in (None, "None"):
-            capacity["concurrent_requests"] = float(labels["kv_cache_max_concurrency"])
-            sources["concurrent_requests"] = f"GET /metrics {CACHE_INFO} kv_cache_max_concurrency"
-        elif "concurrency" in numbers:
-            capacity["concurrent_requests"] = numbers["concurrency"]
-            sources["concurrent_requests"] = (
-                f"startup log: Maximum concurrency for {numbers['for_len']:g} tokens per request"
-            )
-        cards = models.get("data") or []
-        if cards and cards[0].get("max_model_len") is not None:
-            capacity["context_per_request"] = float(cards[0]["max_model_len"])
-            sources["context_per_request"] = "GET /v1/models max_model_len"
-        if "kv_tokens" not in capacity and "gpu_blocks" in numbers and labels.get("block_size"):
-            capacity["kv_tokens"] = numbers["gpu_blocks"] * float(labels["block_size"])
-            sources["kv_tokens"] = f"startup log: # GPU blocks x {CACHE_INFO} block_size"
-
+        capacity, sources = _capacity(labels, numbers, models)
         dev = await _get(client, f"{base_url}/server_info?config_format=json")
         config = dev.json().get("vllm_config") if dev else None
-        settings = flatten(config) if isinstance(config, dict) else log_settings
+        settings = pyrepr.flatten(config) if isinstance(config, dict) else log_settings
         settings = {k: v for k, v in settings.items() if k.rpartition(".")[2] not in _SIZED}
         settings.update(
             {f"cache_config.{k}": pyrepr.scalar(v) for k, v in labels.items() if k not in _SIZED}
@@ -409,21 +423,7 @@ class VllmEngine:
         settings.update(warnings)
         limits = scheduler_limits({**log_settings, **settings})
         if "concurrent_requests" in capacity and "kv_tokens" in capacity:
-            block = settings.get("cache_config.block_size")
-            size = float(block) if isinstance(block, int) and block > 0 else 1.0
-            limits.append(
-                Limit(
-                    name="kv_cache_size_tokens",
-                    setting=capacity["kv_tokens"],
-                    admits=capacity["concurrent_requests"],
-                    source=sources["concurrent_requests"],
-                    per="pool",
-                    block=size,
-                    # The first block is the null block, never given to a request
-                    # (v1/core/block_pool.py:187); the reported size counts it.
-                    reserved=size,
-                )
-            )
+            limits.append(_kv_limit(capacity, sources, settings))
         bind(capacity, sources, limits)
         return Facts(
             engine=self.name,

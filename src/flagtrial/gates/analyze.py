@@ -48,7 +48,9 @@ from flagtrial.gates.platforms import foreign_module
 from flagtrial.gates.selector import selected_backend_failure
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import LAYOUTS
-from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value
+from flagtrial.sourceread.fields import UNSET, FieldDef
+from flagtrial.sourceread.flags import canonical, switch_value
+from flagtrial.sourceread.modules import module_name
 from flagtrial.targets.base import HostFacts
 
 MAX_MAPPING_ROUNDS = 3

@@ -25,7 +25,8 @@ from typing import Any
 from flagtrial.gates.index import SourceIndex, SourceReader
 from flagtrial.gates.model import GateHost, ModelFacts
 from flagtrial.gates.platforms import dependency_platforms
-from flagtrial.sourceread.common import UNSET, absolute
+from flagtrial.sourceread.fields import UNSET
+from flagtrial.sourceread.modules import absolute
 
 # (role, file index or -1, line, note): a link of the evidence chain, hashable.
 Trace = tuple[str, int, int, str]

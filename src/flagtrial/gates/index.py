@@ -26,7 +26,8 @@ from flagtrial import sourceread
 from flagtrial.cache import cache_root
 from flagtrial.gates.wheel import file_lock
 from flagtrial.sourceread import LAYOUTS, read_flag_table
-from flagtrial.sourceread.common import EngineLayout, FlagTable, absolute, dotted, module_name
+from flagtrial.sourceread.fields import EngineLayout, FlagTable
+from flagtrial.sourceread.modules import absolute, dotted, module_name
 
 # The cache key changes with the code that builds the index (and reads the flags).
 INDEX_FORMAT = hashlib.sha256(

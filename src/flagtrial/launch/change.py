@@ -22,7 +22,8 @@ from flagtrial.launch.execwords import (
     resolve_specifiers,
     unliteral_word,
 )
-from flagtrial.launch.schema import ArgItem, FlagDef, FlagSchema, parse_argv
+from flagtrial.launch.helptext import FlagDef
+from flagtrial.launch.schema import ArgItem, FlagSchema, parse_argv
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.launch.values import value_problem
 

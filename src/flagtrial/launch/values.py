@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from flagtrial.launch.schema import FlagDef
+from flagtrial.launch.helptext import FlagDef
 
 # common/arg.cpp is_truthy / is_falsey / is_autoy: the words a toggle takes.
 TOGGLE_WORDS = {

@@ -5,8 +5,11 @@ SGLang's `server_args` pulls in torch through 16 modules and probes `hasattr(tor
 at import, vLLM's `arg_utils` reaches torch through about 110. So the registration code is
 read instead: the `add_argument(...)` calls, the annotated fields the engines turn into
 flags, and the rules their helpers apply (each mirrored rule cites the helper it follows).
-One module per engine (`sglang.py`, `vllm.py`) on the shared reader in `common.py`; flag
-validation (engines/pyengine.py) and the gate analysis (gates/) both read flags through it.
+One module per engine (`sglang.py`; `vllm.py` with `vllm_config.py`) on the shared reader:
+`modules.py` (the module resolver), `evaluate.py` (expressions and annotations), `flags.py`
+(argparse's rules), `deprecations.py` (help texts) and `fields.py` (declared fields); flag
+validation (engines/pyengine.py) and the gate analysis (gates/) both read flags through this
+package.
 
 This package imports only the standard library: flagtrial runs it on the engine's host with
 the host's Python (`python -c PROGRAM ENGINE`, see `program` and `main`), next to the
@@ -34,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from . import sglang, vllm
-from .common import EngineLayout, FlagTable, Source, Unresolved, read_fields
+from .evaluate import Unresolved
+from .fields import EngineLayout, FlagTable, read_fields
+from .modules import Source
 
 EXTRACTORS = {"sglang": sglang.sglang_flags, "vllm": vllm.vllm_flags}
 LAYOUTS: dict[str, EngineLayout] = {"sglang": sglang.LAYOUT, "vllm": vllm.LAYOUT}
@@ -113,4 +118,14 @@ def program() -> str:
     return _BOOT.replace("SOURCES", repr(sources))
 
 
-_FILES = ("common", "sglang", "vllm", "__init__")
+_FILES = (
+    "modules",
+    "evaluate",
+    "deprecations",
+    "flags",
+    "fields",
+    "sglang",
+    "vllm_config",
+    "vllm",
+    "__init__",
+)

@@ -5,27 +5,23 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from .common import (
-    EngineLayout,
-    Evaluator,
-    Source,
-    Unresolved,
+from .deprecations import mark_deprecations, replacement
+from .evaluate import Evaluator, Unresolved, type_shape
+from .fields import EngineLayout
+from .flags import (
     action_name,
     action_nargs,
     all_calls,
     arity,
     boolean_optional,
-    dotted,
     flag_spec,
     hand_registered,
-    mark_deprecations,
     method,
     parser_type,
-    replacement,
     scalar,
     scalar_shape,
-    type_shape,
 )
+from .modules import Source, dotted
 
 LAYOUT = EngineLayout(
     package="sglang",
@@ -78,22 +74,10 @@ def _sglang_fields_flags(source: Source, fn: ast.FunctionDef) -> list[dict[str, 
 def _field_flag(
     source: Source, module: str, stmt: ast.AnnAssign, evaluator: Evaluator
 ) -> dict[str, Any] | None:
-    ann = stmt.annotation
-    if not (isinstance(ann, ast.Subscript) and dotted(ann.value) in ("A", "Annotated")):
-        return None
-    parts = list(ann.slice.elts) if isinstance(ann.slice, ast.Tuple) else [ann.slice]
-    meta: dict[str, ast.AST] = {}
-    help_node: ast.AST | None = None
-    for extra in parts[1:]:
-        if isinstance(extra, ast.Call) and dotted(extra.func) == "Arg":
-            meta = {k.arg: k.value for k in extra.keywords if k.arg}
-            help_node = meta.get("help")
-            break
-        if isinstance(extra, ast.Constant | ast.JoinedStr | ast.BinOp):
-            help_node = extra
-            break
-    else:
+    found = _arg(stmt.annotation)
+    if found is None:
         return None  # no Arg: not a CLI field
+    parts, meta, help_node = found
     if evaluator.lenient(meta.get("no_cli")):
         return None
     assert isinstance(stmt.target, ast.Name)
@@ -108,23 +92,7 @@ def _field_flag(
     shape = type_shape(source, module, parts[0])
     common = {"help_": help_text, "default": default, "where": where, "settings": [field]}
     if "action" in meta:
-        action = action_name(meta["action"])
-        kwargs = _keywords(meta.get("action_kwargs"), evaluator)
-        nargs = kwargs["nargs"] if "nargs" in kwargs else action_nargs(evaluator, meta["action"])
-        spec = flag_spec(
-            names,
-            field,
-            action=action,
-            nargs=arity(action, nargs),
-            type_=kwargs.get("type", "str"),
-            choices=kwargs.get("choices"),
-            **common,
-        )
-        if action == "boolean_optional":
-            boolean_optional(spec)
-        if action.startswith("custom:Deprecated"):
-            spec["deprecated"] = replacement(kwargs.get("new_flag") or "")
-        return spec
+        return _action_flag(names, field, meta, evaluator, common)
     if "Literal" in shape.parts:
         type_ = parser_type(evaluator, type_parser) if type_parser else scalar(shape.literals)
         return flag_spec(
@@ -141,6 +109,48 @@ def _field_flag(
     spec = flag_spec(names, field, nargs=nargs, type_=type_, choices=choices, **common)
     required = evaluator.lenient(meta.get("required"))
     spec["required"] = required is True or (required is None and stmt.value is None)
+    return spec
+
+
+def _arg(ann: ast.expr) -> tuple[list[ast.expr], dict[str, ast.AST], ast.AST | None] | None:
+    """An `A[type, Arg(...)]` (or `A[type, "help"]`) annotation's parts, the `Arg` keywords
+    and the help text's node; None for any other annotation."""
+    if not (isinstance(ann, ast.Subscript) and dotted(ann.value) in ("A", "Annotated")):
+        return None
+    parts = list(ann.slice.elts) if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+    for extra in parts[1:]:
+        if isinstance(extra, ast.Call) and dotted(extra.func) == "Arg":
+            meta: dict[str, ast.AST] = {k.arg: k.value for k in extra.keywords if k.arg}
+            return parts, meta, meta.get("help")
+        if isinstance(extra, ast.Constant | ast.JoinedStr | ast.BinOp):
+            return parts, {}, extra
+    return None
+
+
+def _action_flag(
+    names: list[str],
+    field: str,
+    meta: dict[str, ast.AST],
+    evaluator: Evaluator,
+    common: dict[str, Any],
+) -> dict[str, Any]:
+    """A field whose `Arg(action=...)` names an argparse action."""
+    action = action_name(meta["action"])
+    kwargs = _keywords(meta.get("action_kwargs"), evaluator)
+    nargs = kwargs["nargs"] if "nargs" in kwargs else action_nargs(evaluator, meta["action"])
+    spec = flag_spec(
+        names,
+        field,
+        action=action,
+        nargs=arity(action, nargs),
+        type_=kwargs.get("type", "str"),
+        choices=kwargs.get("choices"),
+        **common,
+    )
+    if action == "boolean_optional":
+        boolean_optional(spec)
+    if action.startswith("custom:Deprecated"):
+        spec["deprecated"] = replacement(kwargs.get("new_flag") or "")
     return spec
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from flagtrial.sourceread.vllm import config_defaults
+from flagtrial.sourceread.vllm_config import config_defaults
 from flagtrial.standin import declared
 from flagtrial.standin.engine_args import EngineArgs, env_float, log
 from flagtrial.standin.http import Request, Response, json_response, serve, text_response

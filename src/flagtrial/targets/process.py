@@ -30,7 +30,7 @@ from flagtrial.targets.holder import (
     proc_start_ticks,
 )
 from flagtrial.targets.hostfacts import collect_host_facts
-from flagtrial.targets.systemd import LocalRunner
+from flagtrial.targets.runner import LocalRunner
 
 STOP_GRACE_S = 10.0
 LOCK_WAIT_S = 1.0  # how long a lock held by someone else is waited for

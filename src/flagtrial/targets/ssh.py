@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 import asyncssh
 
 from flagtrial.errors import TargetError
-from flagtrial.targets.systemd import Completed, ConnectionDropped, Held, SystemdTarget
+from flagtrial.targets.runner import Completed, ConnectionDropped, Held
+from flagtrial.targets.systemd import SystemdTarget
 
 DEFAULT_PORT = 22
 KEEPALIVE_S = 15.0
