@@ -60,7 +60,7 @@ class RequestRecord:
     status: int | None  # HTTP status; None when no response arrived
     start: float
     end: float
-    ttft_s: float | None  # to the first chunk carrying non-empty text
+    ttft_s: float | None  # from writing the request to the first chunk with text in it
     itl_s: list[float] = field(default_factory=list)  # gaps between successive text chunks
     output_tokens: int = 0  # usage.completion_tokens, else the number of text chunks
     prompt_tokens: int | None = None
@@ -126,6 +126,7 @@ class _Stream:
         self.text_times = array("d")
         self.usage: dict[str, Any] = {}
         self.done = False  # [DONE] came
+        self.sent_at = 0.0
 
     def status(self, code: int) -> None:
         self.code = code
@@ -203,6 +204,9 @@ async def _exchange(pool: Pool, request: bytes, stream_of: Callable[[], _Stream]
     while True:
         conn = await _connect(pool)
         stream = stream_of()
+        # TTFT counts from here: a connect, or a retry after a stale connection, is the
+        # client's own time, not the server's.
+        stream.sent_at = time.perf_counter()
         conn.send(request, stream)
         try:
             await stream.ended
@@ -258,7 +262,7 @@ async def send_request(
         status=stream.code if stream else None,
         start=start,
         end=end,
-        ttft_s=float(times[0]) - start if len(times) else None,
+        ttft_s=float(times[0]) - stream.sent_at if stream and len(times) else None,
         itl_s=np.diff(times).tolist(),
         output_tokens=int(usage.get("completion_tokens", len(times))),
         prompt_tokens=usage.get("prompt_tokens"),
