@@ -3,21 +3,13 @@ on its own core, so that it is never the bottleneck of a client's run."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import re
-import resource
-import shutil
 import subprocess
-import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
-from flagtrial.cache import vllm_python
-from flagtrial.demo import free_port, vllm_model
+from flagtrial.demo import free_port
 
 HERE = Path(__file__).parent
 CLIENT_CORE, SERVER_CORE = "1", "0"
@@ -34,7 +26,7 @@ def render_stream(tokens: int, chat: bool = False) -> bytes:
         return f'[{{"index":0,{text},"logprobs":null,"finish_reason":{finish}}}]}}'
 
     events = [f"data: {head}{choice(f' w{i % 10}', 'null')}" for i in range(tokens)]
-    events.append(f'data: {head}{choice("", chr(34) + "length" + chr(34))}')
+    events.append(f"data: {head}{choice('', chr(34) + 'length' + chr(34))}")
     events.append(
         f'data: {head}[],"usage":{{"prompt_tokens":8,"completion_tokens":{tokens},'
         f'"total_tokens":{tokens + 8}}}}}'

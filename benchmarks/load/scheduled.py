@@ -29,7 +29,9 @@ def _event(payload: object) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-async def _serve(ttft_s: float, itl_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve(
+    ttft_s: float, itl_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     loop = asyncio.get_running_loop()
     while True:
         try:
@@ -74,7 +76,10 @@ def wire_truth(pcap: Path, server_port: int) -> WireTruth:
     """Requests and token packets per client connection from `tcpdump -r` (with -A, so a
     token packet is told from the response head and the tail by its `data:` text)."""
     out = subprocess.run(
-        ["tcpdump", "-r", str(pcap), "-tt", "-n", "-A", "tcp"], capture_output=True, text=True, check=True
+        ["tcpdump", "-r", str(pcap), "-tt", "-n", "-A", "tcp"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     ttft: list[float] = []
     itl: list[float] = []
