@@ -15,7 +15,7 @@ import pytest
 from flagtrial.demo import free_port
 from flagtrial.engines import promtext
 from flagtrial.facts import Facts, Limit, Rewrite, diff_facts
-from flagtrial.load.client import build_prompt
+from flagtrial.load.prompts import build_prompt
 from flagtrial.targets.process import ProcessTarget
 from harness.cli import cli
 from harness.project import update_project_file

@@ -13,7 +13,8 @@ import pydantic
 import pytest
 
 from flagtrial.demo import free_port
-from flagtrial.load.client import RequestRecord, build_prompt
+from flagtrial.load.client import RequestRecord
+from flagtrial.load.prompts import build_prompt
 from flagtrial.load.runner import RunResult, run_level
 from flagtrial.load.summary import summarize
 from flagtrial.load.workload import Workload

@@ -73,6 +73,7 @@ def test_keys_left_unset_are_commented_with_an_example_that_validates(tmp_path: 
     )
     parsed = tomllib.loads(uncommented)
     assert parsed["spec_path"] and parsed["workload"]["model"]
+    (tmp_path / parsed["workload"]["prompts_file"]).write_text('{"prompt": "hello"}\n')
     parse_project(uncommented, tmp_path / "flagtrial.toml")
 
 

@@ -19,7 +19,7 @@ from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
 from flagtrial.engines.resolve import compare, resolve_spec
 from flagtrial.engines.sglang import PARSER, parse_startup_log
-from flagtrial.load.client import build_prompt
+from flagtrial.load.prompts import build_prompt
 from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target

@@ -19,7 +19,7 @@ import pytest
 from flagtrial.demo import free_port
 from flagtrial.engines import make_engine
 from flagtrial.facts import Facts, Limit, diff_facts
-from flagtrial.load.client import build_prompt
+from flagtrial.load.prompts import build_prompt
 from flagtrial.targets.process import ProcessTarget
 from harness.project import update_project_file
 from harness.session import session_for

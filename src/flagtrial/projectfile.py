@@ -42,14 +42,25 @@ def _key(model: BaseModel, name: str, value: Any) -> str:
     lines = _comment(info.description or "")
     if value is None:
         example = (info.examples or [None])[0]
-        lines.append(f"# {_toml(name, example)}" if example is not None else f"# {name} =")
+        shown = _toml(name, example).splitlines() if example is not None else [f"{name} ="]
+        lines.extend(f"# {line}" for line in shown)
     else:
         lines.append(_toml(name, value))
     return "\n".join(lines) + "\n"
 
 
 def _toml(name: str, value: Any) -> str:
-    return tomli_w.dumps({name: value}).strip()
+    """One `key = value` line: tables inline (the key stays in its section), arrays on one
+    line (a commented example stays one line)."""
+    return f"{name} = {_value(value)}"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(_toml(key, item) for key, item in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    return tomli_w.dumps({"v": value}).strip().removeprefix("v = ")
 
 
 def _comment(text: str) -> list[str]:

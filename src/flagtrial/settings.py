@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flagtrial.errors import ProjectError
+from flagtrial.load.prompts import read_traffic
 from flagtrial.load.workload import Workload
 
 PROJECT_FILE = "flagtrial.toml"
@@ -237,4 +238,11 @@ def validate_project(data: dict[str, Any], path: Path) -> Project:
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         raise ProjectError(f"{path}: {where}: {first['msg']}") from e
     project.root = path.resolve().parent
+    traffic = project.workload.prompts_file
+    if traffic is not None:
+        project.workload.prompts_file = project.path(str(traffic))
+        try:
+            read_traffic(project.workload.prompts_file)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ProjectError(f"{path}: workload.prompts_file: {e}") from e
     return project

@@ -29,7 +29,7 @@ from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.pyengine import cached_table, engine_schema, version_key
 from flagtrial.facts import Facts, Limit, Scalar, binding
 from flagtrial.launch.schema import FlagSchema
-from flagtrial.load.client import build_prompt
+from flagtrial.load.prompts import build_prompt
 from flagtrial.load.workload import Workload
 from flagtrial.targets.base import Target
 

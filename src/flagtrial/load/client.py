@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from array import array
 from collections.abc import Callable
@@ -14,41 +13,9 @@ import numpy as np
 import orjson
 
 from flagtrial.load.http import BadResponse, Connection, Pool, StaleConnection
+from flagtrial.load.prompts import Request
 from flagtrial.load.sse import SseSplitter
 from flagtrial.load.workload import Workload
-
-# Plain English words: tokenizers of every real model split them into few tokens each.
-_WORD_TEXT = """
-    the of and to in is was for on that with as by at from his her they this had not are but
-    one all were when we there can an your which their said if do will each about how up out
-    them then she many some so these would other into has more two like him see time could no
-    make than first been its who now people my made over did down only way find use may water
-    long little very after words called just where most know get through back much before go
-    good new write our used me man too any day same right look think also around another came
-    come work three word must because does part even place well such here take why things help
-    put years different away again off went old number great tell men say small every found
-    still between name should home big give air line set own under read last never us left end
-    along while might next sound below saw something thought both few those always looked show
-    large often together asked house world going want school important until form food keep
-    children feet land side without boy once animals life enough took sometimes four head above
-    kind began almost live page got earth need far hand high year mother light parts country
-    father let night following picture being study second eyes soon times story boys since white
-    days paper hard near sentence better best across during today others however sure means
-    knew try told young miles sun ways thing whole hear example heard several change answer room
-    sea against top turned learn point city play toward five using himself usually
-"""
-WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
-
-
-def build_prompt(index: int, n_words: int, seed: int = 0) -> str:
-    """The prompt of request `index`: `n_words` words, deterministic in (seed, index).
-
-    The first word is the request index and the rest are drawn from an RNG seeded by
-    (seed, index), so no two prompts share a prefix a server's prompt cache could reuse.
-    Give each run its own seed when one server is measured more than once.
-    """
-    rng = random.Random(f"{seed}:{index}")
-    return " ".join([str(index), *rng.choices(WORDS, k=n_words - 1)])
 
 
 @dataclass
@@ -64,28 +31,40 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)  # gaps between successive text chunks
     output_tokens: int = 0  # usage.completion_tokens, else the number of text chunks
     prompt_tokens: int | None = None
+    max_tokens: int | None = None  # what the request asked for
+    cached_tokens: int | None = None  # prompt tokens the server served from its cache
 
 
 class _RequestError(Exception):
     """A request failed; the message is the short error recorded for it."""
 
 
-def request_body(workload: Workload, prompt: str) -> dict[str, Any]:
-    """The JSON body for one streamed request of `workload` with `prompt`."""
+def request_body(workload: Workload, request: Request) -> dict[str, Any]:
+    """The JSON body for one streamed request of `workload`."""
     body: dict[str, Any] = {
-        "max_tokens": workload.max_tokens,
+        "max_tokens": request.max_tokens,
         "temperature": workload.temperature,
         "ignore_eos": workload.ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     if workload.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
     else:
-        body["prompt"] = prompt
+        body["prompt"] = request.prompt
     if workload.model is not None:
         body["model"] = workload.model
     return body
+
+
+def cached_tokens(chunk: dict[str, Any]) -> int | None:
+    """Prompt tokens served from the server's cache, where its stream says: vLLM and SGLang in
+    usage.prompt_tokens_details, llama-server in its final chunk's timings."""
+    details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+    if isinstance(details.get("cached_tokens"), int):
+        return int(details["cached_tokens"])
+    timings = chunk.get("timings") or {}
+    return int(timings["cache_n"]) if isinstance(timings.get("cache_n"), int) else None
 
 
 def endpoint(workload: Workload) -> str:
@@ -127,6 +106,7 @@ class _Stream:
         self.usage: dict[str, Any] = {}
         self.done = False  # [DONE] came
         self.sent_at = 0.0
+        self.cached: int | None = None
 
     def status(self, code: int) -> None:
         self.code = code
@@ -155,6 +135,8 @@ class _Stream:
                 self.text_times.append(at)
             if chunk.get("usage"):
                 self.usage = chunk["usage"]
+            if "usage" in chunk or "timings" in chunk:
+                self.cached = cached_tokens(chunk)
 
     def complete(self) -> None:
         if self.code != 200:
@@ -221,7 +203,7 @@ async def _exchange(pool: Pool, request: bytes, stream_of: Callable[[], _Stream]
 async def send_request(
     pool: Pool,
     workload: Workload,
-    prompt: str,
+    request: Request | str,
     *,
     run_deadline: float | None = None,
 ) -> RequestRecord:
@@ -234,7 +216,9 @@ async def send_request(
     request_deadline = loop.time() + workload.request_timeout_s
     deadline = request_deadline if run_deadline is None else min(run_deadline, request_deadline)
     run_bound_first = deadline != request_deadline
-    request = pool.post(endpoint(workload), orjson.dumps(request_body(workload, prompt)))
+    if isinstance(request, str):
+        request = Request(request, None, workload.max_tokens)
+    wire = pool.post(endpoint(workload), orjson.dumps(request_body(workload, request)))
 
     start = time.perf_counter()
     streams: list[_Stream] = []
@@ -246,7 +230,7 @@ async def send_request(
     error: str | None = None
     try:
         async with asyncio.timeout_at(deadline):
-            await _exchange(pool, request, stream_of)
+            await _exchange(pool, wire, stream_of)
     except _RequestError as exc:
         error = str(exc)
     except TimeoutError:
@@ -266,4 +250,6 @@ async def send_request(
         itl_s=np.diff(times).tolist(),
         output_tokens=int(usage.get("completion_tokens", len(times))),
         prompt_tokens=usage.get("prompt_tokens"),
+        max_tokens=request.max_tokens,
+        cached_tokens=stream.cached if stream else None,
     )

@@ -1,58 +1,19 @@
-"""Closed-loop load: N workers, each sending its next request as soon as the last one ends."""
+"""One run's load: closed loop (N workers, each sending its next request as soon as the last
+one ends) or open loop (requests arriving at a rate, Poisson or evenly spaced, at most N in
+flight), with what sending it cost the client."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
+import random
+from dataclasses import dataclass
 
-from flagtrial.load.client import RequestRecord, build_prompt, send_request
+from flagtrial.load.client import RequestRecord, send_request
+from flagtrial.load.client_load import ClientLoad
 from flagtrial.load.http import Pool
+from flagtrial.load.prompts import plan_request
 from flagtrial.load.summary import RunSummary, summarize
 from flagtrial.load.workload import Workload
-
-# How often the client's event loop is woken to see how late it runs.
-LAG_PROBE_S = 0.005
-
-
-def _thread_busy_s() -> float:
-    """Seconds the calling thread has been on a CPU or runnable waiting for one (Linux's
-    schedstat); its CPU time alone where the kernel keeps no schedstat."""
-    try:
-        on_cpu, waiting = Path("/proc/thread-self/schedstat").read_text().split()[:2]
-    except (OSError, ValueError):
-        return time.thread_time()
-    return (int(on_cpu) + int(waiting)) / 1e9
-
-
-@dataclass
-class ClientLoad:
-    """How busy sending a run kept the client: its event loop's thread (on a CPU or waiting
-    for one: either way no response was read meanwhile) and how late the loop woke."""
-
-    busy_s: float = 0.0
-    lags_s: list[float] = field(default_factory=list)
-
-    @contextlib.asynccontextmanager
-    async def watching(self) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
-
-        async def probe() -> None:
-            while True:
-                due = loop.time() + LAG_PROBE_S
-                await asyncio.sleep(LAG_PROBE_S)
-                self.lags_s.append(max(0.0, loop.time() - due))
-
-        busy = _thread_busy_s()
-        task = asyncio.create_task(probe())
-        try:
-            yield
-        finally:
-            task.cancel()
-            self.busy_s = _thread_busy_s() - busy
 
 
 @dataclass
@@ -84,11 +45,58 @@ async def _closed_loop(
         for index in pending:
             if loop.time() >= run_deadline:
                 return
-            prompt = build_prompt(index, workload.prompt_words, seed)
-            records.append(await send_request(pool, workload, prompt, run_deadline=run_deadline))
+            request = plan_request(workload, index, seed)
+            records.append(await send_request(pool, workload, request, run_deadline=run_deadline))
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(indices)))))
     return records
+
+
+def arrival_offsets(workload: Workload, rate: float, indices: range) -> list[float]:
+    """When each request is due, in seconds from the run's start: exponential gaps (Poisson)
+    or even ones, drawn by index alone so both arms see the same arrivals."""
+    offsets, at = [], 0.0
+    for index in indices:
+        offsets.append(at)
+        gap = random.Random(f"arrival:{index}").expovariate(rate)
+        at += gap if workload.arrival == "poisson" else 1.0 / rate
+    return offsets
+
+
+async def _open_loop(
+    pool: Pool,
+    workload: Workload,
+    concurrency: int,
+    rate: float,
+    indices: range,
+    seed: int,
+) -> tuple[list[RequestRecord], int]:
+    """Send one request per index at its arrival time, at most `concurrency` in flight, within
+    workload.run_timeout_s: the records, and how many had to wait for a free slot (then the
+    offered rate was not what the server got)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    run_deadline = start + workload.run_timeout_s
+    slots = asyncio.Semaphore(concurrency)
+    records: list[RequestRecord] = []
+    delayed = 0
+
+    async def one(index: int) -> None:
+        nonlocal delayed
+        if slots.locked():
+            delayed += 1
+        async with slots:
+            request = plan_request(workload, index, seed)
+            records.append(await send_request(pool, workload, request, run_deadline=run_deadline))
+
+    tasks = []
+    for index, offset in zip(indices, arrival_offsets(workload, rate, indices), strict=True):
+        if start + offset >= run_deadline:
+            break
+        await asyncio.sleep(max(0.0, start + offset - loop.time()))
+        tasks.append(asyncio.create_task(one(index)))
+    await asyncio.gather(*tasks)
+    return records, delayed
 
 
 async def run_level(
@@ -117,12 +125,25 @@ async def run_level(
         if n_warmup:
             await _closed_loop(pool, workload, concurrency, range(n_warmup), seed)
         client = ClientLoad()
+        measured = range(n_warmup, n_warmup + n)
+        rate = workload.rate(concurrency)
         async with client.watching():
-            records = await _closed_loop(
-                pool, workload, concurrency, range(n_warmup, n_warmup + n), seed
-            )
+            if rate is None:
+                records, delayed = (
+                    await _closed_loop(pool, workload, concurrency, measured, seed),
+                    0,
+                )
+            else:
+                records, delayed = await _open_loop(
+                    pool, workload, concurrency, rate, measured, seed
+                )
     finally:
         pool.close()
-    max_tokens = workload.max_tokens if workload.ignore_eos else None
-    summary = summarize(records, concurrency, max_tokens, client.busy_s, client.lags_s)
+    summary = summarize(
+        records,
+        concurrency,
+        ignore_eos=workload.ignore_eos,
+        client=client,
+        n_delayed=delayed,
+    )
     return RunResult(summary=summary, records=records)

@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from flagtrial.load.client import RequestRecord
+from flagtrial.load.client_load import ClientLoad
 
 
 class RunSummary(BaseModel):
@@ -44,6 +45,11 @@ class RunSummary(BaseModel):
     # waiting for one (near 1.0 it could send and read no faster), and how late it woke.
     client_busy_share: float = 0.0
     client_lag_p99_s: float | None = None
+    # Open loop: requests that arrived while the concurrency cap was full and waited.
+    n_delayed: int = 0
+    # Prompt tokens the server says it served from its cache, of all prompt tokens it counted
+    # (None where it reports neither).
+    cached_prompt_share: float | None = None
 
 
 def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
@@ -55,9 +61,10 @@ def _percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | N
 def summarize(
     records: Sequence[RequestRecord],
     concurrency: int,
-    max_tokens: int | None = None,
-    client_busy_s: float = 0.0,
-    client_lags_s: Sequence[float] = (),
+    *,
+    ignore_eos: bool = False,
+    client: ClientLoad | None = None,
+    n_delayed: int = 0,
 ) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
@@ -85,7 +92,16 @@ def summarize(
         itl_p99=itl[2],
         e2e_p50=e2e_p50,
         errors=dict(Counter(r.error for r in records if r.error is not None)),
-        n_short=sum(1 for r in ok if max_tokens is not None and r.output_tokens < max_tokens),
-        client_busy_share=client_busy_s / duration if duration > 0 else 0.0,
-        client_lag_p99_s=_percentiles(client_lags_s, (99,))[0],
+        n_short=sum(1 for r in ok if ignore_eos and r.output_tokens < (r.max_tokens or 0)),
+        client_busy_share=client.busy_s / duration if client and duration > 0 else 0.0,
+        client_lag_p99_s=_percentiles(client.lags_s, (99,))[0] if client else None,
+        n_delayed=n_delayed,
+        cached_prompt_share=_cached_share(ok),
     )
+
+
+def _cached_share(ok: Sequence[RequestRecord]) -> float | None:
+    reported = [r for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    if not reported:
+        return None
+    return sum(r.cached_tokens or 0 for r in reported) / sum(r.prompt_tokens or 0 for r in reported)

@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+
+class Lengths(BaseModel):
+    """Lengths drawn per request, clipped to [1, the workload's cap]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    distribution: Literal["uniform", "normal", "lognormal"] = Field(
+        description="uniform: from `low` to the cap; normal: `mean` and sd `spread`; "
+        "lognormal: median `mean` and sigma `spread` (of the log)"
+    )
+    mean: PositiveFloat | None = Field(default=None, description="normal: mean; lognormal: median")
+    spread: float = Field(default=0.0, ge=0, description="normal: sd; lognormal: sigma")
+    low: PositiveInt = Field(default=1, description="uniform: the shortest")
+
+    @model_validator(mode="after")
+    def _mean_given(self) -> Self:
+        if self.distribution != "uniform" and self.mean is None:
+            raise ValueError(f"a {self.distribution} distribution needs `mean`")
+        return self
 
 
 class Workload(BaseModel):
@@ -24,12 +45,48 @@ class Workload(BaseModel):
     concurrency: list[PositiveInt] = Field(
         default_factory=lambda: [1, 4, 8],
         min_length=1,
-        description="Closed-loop concurrency levels: requests kept in flight at once.",
+        description="Concurrency levels: requests kept in flight at once (closed loop), or "
+        "the most in flight at each level's request_rate (open loop).",
+    )
+    request_rate: list[PositiveFloat] | None = Field(
+        default=None,
+        description="Open loop: requests per second at each concurrency level, in order, "
+        "arriving whatever the server does; unset, each worker sends its next request when "
+        "its last one ends (closed loop).",
+        examples=[[2.0, 8.0, 16.0]],
+    )
+    arrival: Literal["poisson", "constant"] = Field(
+        default="poisson",
+        description="Open loop: Poisson arrivals, or evenly spaced ones.",
     )
     prompt_words: PositiveInt = Field(
         default=64, description="Words per prompt, each prompt unique from its first word."
     )
-    max_tokens: PositiveInt = Field(default=64, description="Tokens requested per completion.")
+    max_tokens: PositiveInt = Field(
+        default=64, description="Tokens requested per completion (the most, with output_lengths)."
+    )
+    prompt_lengths: Lengths | None = Field(
+        default=None,
+        description="Words per prompt drawn per request, up to prompt_words.",
+        examples=[{"distribution": "lognormal", "mean": 48, "spread": 0.5}],
+    )
+    output_lengths: Lengths | None = Field(
+        default=None,
+        description="max_tokens drawn per request, up to max_tokens.",
+        examples=[{"distribution": "uniform", "low": 16}],
+    )
+    shared_prefix_words: int = Field(
+        default=0,
+        ge=0,
+        description="Words every prompt starts with (a prefix cache can serve them), within "
+        "prompt_words; the server's cache hits are reported where it reports them.",
+    )
+    prompts_file: Path | None = Field(
+        default=None,
+        description="JSONL of your own traffic, replayed in order: `prompt` or `messages`, and "
+        "optionally `max_tokens` (capped at max_tokens); relative to the project file.",
+        examples=["traffic.jsonl"],
+    )
     requests_per_run: PositiveInt = Field(
         default=16, description="Measured requests per concurrency level and run."
     )
@@ -51,3 +108,17 @@ class Workload(BaseModel):
         description="Sent as `ignore_eos` so every completion is max_tokens long.",
     )
     temperature: float = Field(default=0.0, ge=0, description="Sampling temperature.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.request_rate is not None and len(self.request_rate) != len(self.concurrency):
+            raise ValueError("request_rate needs one rate per concurrency level")
+        if self.shared_prefix_words and self.shared_prefix_words >= self.prompt_words:
+            raise ValueError("shared_prefix_words must be fewer than prompt_words")
+        return self
+
+    def rate(self, concurrency: int) -> float | None:
+        """The open-loop request rate at this concurrency level; None for a closed loop."""
+        if self.request_rate is None:
+            return None
+        return self.request_rate[self.concurrency.index(concurrency)]

@@ -1,0 +1,164 @@
+"""Workloads users ask for: lengths from distributions, a prefix shared by every prompt (the
+server's cache hits read from its own stream), their own traffic from a JSONL file, and
+open-loop arrivals at a rate with a concurrency cap."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from flagtrial.errors import ProjectError
+from flagtrial.load.prompts import plan_request
+from flagtrial.load.runner import arrival_offsets, run_level
+from flagtrial.load.workload import Lengths, Workload
+from flagtrial.settings import parse_project
+from harness.cli import cli
+from test_load_client import HEAD, STREAM, chunked, read_request
+
+LOGNORMAL = Lengths(distribution="lognormal", mean=24, spread=0.6)
+
+
+def test_lengths_are_drawn_by_index_alone_within_the_caps() -> None:
+    w = Workload(prompt_words=64, max_tokens=32, prompt_lengths=LOGNORMAL,
+                 output_lengths=Lengths(distribution="uniform", low=4))  # fmt: skip
+    one = [plan_request(w, i, seed=1) for i in range(300)]
+    other = [plan_request(w, i, seed=2) for i in range(300)]
+    # Both arms (their own seeds) ask the same lengths in the same order, with other words.
+    assert [r.max_tokens for r in one] == [r.max_tokens for r in other]
+    assert [len(r.prompt.split()) for r in one] == [len(r.prompt.split()) for r in other]  # type: ignore[union-attr]
+    assert all(a.prompt != b.prompt for a, b in zip(one, other, strict=True))
+    outputs = [r.max_tokens for r in one]
+    words = [len(r.prompt.split()) for r in one]  # type: ignore[union-attr]
+    assert min(outputs) >= 4 and max(outputs) <= 32 and len(set(outputs)) > 20
+    assert min(words) >= 1 and max(words) <= 64 and 20 <= statistics.median(words) <= 28
+
+
+def test_a_distribution_without_its_mean_is_refused() -> None:
+    with pytest.raises(ValueError, match="a normal distribution needs `mean`"):
+        Lengths(distribution="normal", spread=3)
+
+
+@pytest.mark.slow
+def test_each_request_asks_its_drawn_length(run_llama_server, tiny_model: Path) -> None:  # type: ignore[no-untyped-def]
+    url = run_llama_server(tiny_model, "-t", "1", "-c", "2048", "-np", "2")
+    w = Workload(
+        prompt_words=16, max_tokens=24, output_lengths=Lengths(distribution="uniform", low=2)
+    )
+    result = asyncio.run(run_level(url, w, 2, n_requests=8, warmup=False, seed=5))
+    asked = sorted(plan_request(w, i, 5).max_tokens for i in range(8))
+    assert sorted(r.output_tokens for r in result.records) == asked
+    assert all(r.max_tokens == r.output_tokens for r in result.records)
+    assert (result.summary.n_ok, result.summary.n_short, result.summary.output_tokens) == (
+        8,
+        0,
+        sum(asked),
+    )
+
+
+@pytest.mark.slow
+def test_a_shared_prefix_is_served_from_the_servers_cache(
+    run_llama_server, tiny_model: Path
+) -> None:  # type: ignore[no-untyped-def]
+    url = run_llama_server(tiny_model, "-t", "1", "-c", "2048", "-np", "1")
+    unique = Workload(prompt_words=64, max_tokens=4)
+    shared = unique.model_copy(update={"shared_prefix_words": 56})
+    cold = asyncio.run(run_level(url, unique, 1, n_requests=6, warmup=False, seed=1)).summary
+    warm = asyncio.run(run_level(url, shared, 1, n_requests=6, warmup=False, seed=2)).summary
+    # llama-server's usage.prompt_tokens_details.cached_tokens: the 56 shared words come from
+    # its cache after the first request; unique prompts share only their template tokens.
+    assert cold.cached_prompt_share is not None and warm.cached_prompt_share is not None
+    assert warm.cached_prompt_share > 0.6 > 0.2 > cold.cached_prompt_share
+
+
+def test_traffic_is_replayed_in_order_with_its_lengths_capped(tmp_path: Path) -> None:
+    rows = [
+        {"prompt": "hello there", "max_tokens": 500},
+        {"messages": [{"role": "user", "content": "hi"}]},
+    ]
+    (tmp_path / "traffic.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    text = 'unit = "x.service"\n[workload]\nprompts_file = "traffic.jsonl"\nmax_tokens = 64\n'
+    w = parse_project(text, tmp_path / "flagtrial.toml").workload
+    assert w.prompts_file == tmp_path / "traffic.jsonl"
+    asked = [plan_request(w, i, seed=0) for i in range(3)]
+    assert [(r.prompt, r.max_tokens) for r in asked] == [
+        ("hello there", 64),
+        (None, 64),
+        ("hello there", 64),
+    ]
+    assert asked[1].messages == rows[1]["messages"]
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ('{"prompt": "ok"}\n{"prompt": 3}\n', "traffic.jsonl:2: needs a `prompt` string"),
+        ('{"prompt": "ok"}\nnot json\n', "traffic.jsonl:2: not JSON"),
+        ('{"prompt": "ok", "max_tokens": 0}\n', "traffic.jsonl:1: max_tokens must be a positive"),
+        ("\n", "traffic.jsonl: no requests in it"),
+        (None, "No such file"),
+    ],
+)
+def test_a_bad_traffic_file_is_one_project_error(
+    tmp_path: Path, content: str | None, error: str
+) -> None:
+    if content is not None:
+        (tmp_path / "traffic.jsonl").write_text(content)
+    text = 'unit = "x.service"\n[workload]\nprompts_file = "traffic.jsonl"\n'
+    with pytest.raises(ProjectError, match=r"workload\.prompts_file: ") as raised:
+        parse_project(text, tmp_path / "flagtrial.toml")
+    assert error in str(raised.value)
+
+
+def test_the_cli_refuses_a_bad_traffic_file_with_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "traffic.jsonl").write_text('{"prompt": 3}\n')
+    project = tmp_path / "flagtrial.toml"
+    project.write_text('unit = "x.service"\n[workload]\nprompts_file = "traffic.jsonl"\n')
+    done = cli(project, "history", timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "traffic.jsonl:1: needs a `prompt` string" in done.stderr
+
+
+def test_open_loop_arrivals_keep_their_rate_and_are_the_same_for_both_arms() -> None:
+    poisson = Workload(concurrency=[4], request_rate=[20.0])
+    offsets = arrival_offsets(poisson, 20.0, range(4000))
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 20, rel=0.1)  # exponential: sd = mean
+    assert arrival_offsets(poisson, 20.0, range(50)) == offsets[:50]
+    even = arrival_offsets(poisson.model_copy(update={"arrival": "constant"}), 20.0, range(5))
+    assert even == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+
+
+def test_a_rate_the_cap_cannot_carry_is_reported_delayed() -> None:
+    # Each answer takes 30 ms; 200 requests/s with at most 2 in flight cannot be offered:
+    # the requests that found both slots taken are counted.
+    async def server_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            await asyncio.sleep(0.03)
+            writer.write(HEAD + chunked(STREAM) + chunked(b""))
+        writer.close()
+
+    async def offered(rate: float) -> tuple[int, int]:
+        server = await asyncio.start_server(server_script, "127.0.0.1", 0)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            w = Workload(concurrency=[2], request_rate=[rate], max_tokens=3, arrival="constant")
+            result = await run_level(url, w, 2, n_requests=20, warmup=False)
+            return result.summary.n_ok, result.summary.n_delayed
+        finally:
+            server.close()
+
+    ok, delayed = asyncio.run(offered(200.0))
+    assert ok == 20 and delayed > 0
+    assert asyncio.run(offered(5.0)) == (20, 0)
+
+
+def test_a_request_rate_needs_one_rate_per_level() -> None:
+    with pytest.raises(ValueError, match="one rate per concurrency level"):
+        Workload(concurrency=[1, 4], request_rate=[2.0])
