@@ -162,3 +162,38 @@ def test_a_rate_the_cap_cannot_carry_is_reported_delayed() -> None:
 def test_a_request_rate_needs_one_rate_per_level() -> None:
     with pytest.raises(ValueError, match="one rate per concurrency level"):
         Workload(concurrency=[1, 4], request_rate=[2.0])
+
+
+def test_two_client_processes_send_one_run_on_one_clock() -> None:
+    # Evenly spaced arrivals dealt to two processes: the server sees the requests in the
+    # order of their indices (each prompt's first word), so both kept one schedule.
+    seen: list[int] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            seen.append(int(json.loads(await reader.readexactly(length))["prompt"].split()[0]))
+            writer.write(HEAD + chunked(STREAM) + chunked(b""))
+        writer.close()
+
+    async def measure(w: Workload) -> tuple[int, int]:
+        server = await asyncio.start_server(script, "127.0.0.1", 0)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            result = await run_level(url, w, 4, n_requests=24, warmup=False)
+            return result.summary.n_ok, result.summary.output_tokens
+        finally:
+            server.close()
+
+    paced = Workload(concurrency=[4], request_rate=[20.0], arrival="constant", max_tokens=3,
+                     client_processes=2)  # fmt: skip
+    assert asyncio.run(measure(paced)) == (24, 72)
+    assert seen == list(range(24))
+    seen.clear()
+    closed = Workload(concurrency=[4], max_tokens=3, client_processes=2)
+    assert asyncio.run(measure(closed)) == (24, 72)
+    assert sorted(seen) == list(range(24))

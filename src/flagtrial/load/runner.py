@@ -5,7 +5,12 @@ flight), with what sending it cost the client."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import multiprocessing
 import random
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from flagtrial.load.client import RequestRecord, send_request
@@ -14,6 +19,10 @@ from flagtrial.load.http import Pool
 from flagtrial.load.prompts import plan_request
 from flagtrial.load.summary import RunSummary, summarize
 from flagtrial.load.workload import Workload
+
+# Open loop from several processes: time for them all to start (spawned interpreters import
+# flagtrial's load modules) before the first arrival is due.
+START_GRACE_S = 3.0
 
 
 @dataclass
@@ -28,7 +37,7 @@ async def _closed_loop(
     pool: Pool,
     workload: Workload,
     concurrency: int,
-    indices: range,
+    indices: Sequence[int],
     seed: int,
 ) -> list[RequestRecord]:
     """Send one request per index with `concurrency` in flight, within workload.run_timeout_s.
@@ -67,15 +76,14 @@ async def _open_loop(
     pool: Pool,
     workload: Workload,
     concurrency: int,
-    rate: float,
-    indices: range,
+    arrivals: list[tuple[int, float]],
+    start: float,
     seed: int,
 ) -> tuple[list[RequestRecord], int]:
-    """Send one request per index at its arrival time, at most `concurrency` in flight, within
-    workload.run_timeout_s: the records, and how many had to wait for a free slot (then the
-    offered rate was not what the server got)."""
+    """Send request `index` at `start + offset` (event-loop time) for each of `arrivals`, at
+    most `concurrency` in flight, within workload.run_timeout_s: the records, and how many had
+    to wait for a free slot (then the offered rate was not what the server got)."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
     run_deadline = start + workload.run_timeout_s
     slots = asyncio.Semaphore(concurrency)
     records: list[RequestRecord] = []
@@ -90,13 +98,103 @@ async def _open_loop(
             records.append(await send_request(pool, workload, request, run_deadline=run_deadline))
 
     tasks = []
-    for index, offset in zip(indices, arrival_offsets(workload, rate, indices), strict=True):
+    for index, offset in arrivals:
         if start + offset >= run_deadline:
             break
         await asyncio.sleep(max(0.0, start + offset - loop.time()))
         tasks.append(asyncio.create_task(one(index)))
     await asyncio.gather(*tasks)
     return records, delayed
+
+
+@dataclass
+class Share:
+    """What one client process sends of a run: its part of the concurrency and of the
+    requests, and (open loop) when each is due, from `start` (time.monotonic, the clock
+    every process shares and asyncio's own)."""
+
+    base_url: str
+    workload: Workload
+    concurrency: int
+    warmup: list[int]
+    measured: list[int]
+    seed: int
+    arrivals: list[tuple[int, float]] | None = None
+    start: float = 0.0
+
+
+@dataclass
+class Sent:
+    records: list[RequestRecord]
+    delayed: int
+    client: ClientLoad
+
+
+async def _send(share: Share) -> Sent:
+    # Keep-alive connections, one per worker; no proxy from the environment is ever used.
+    pool = Pool(share.base_url)
+    w = share.workload
+    try:
+        if share.warmup:
+            await _closed_loop(pool, w, share.concurrency, share.warmup, share.seed)
+        client = ClientLoad()
+        async with client.watching():
+            if share.arrivals is None:
+                records = await _closed_loop(pool, w, share.concurrency, share.measured, share.seed)
+                delayed = 0
+            else:
+                start = max(share.start, time.monotonic())
+                opened = await _open_loop(
+                    pool, w, share.concurrency, share.arrivals, start, share.seed
+                )
+                records, delayed = opened
+    finally:
+        pool.close()
+    return Sent(records, delayed, client)
+
+
+def _send_in_process(share: Share) -> Sent:
+    """A client process's part of the run (ProcessPoolExecutor's entry point)."""
+    return asyncio.run(_send(share))
+
+
+def split(share: Share, processes: int) -> list[Share]:
+    """`share` dealt to `processes` client processes: concurrency as evenly as it goes (none
+    gets 0), requests dealt in turn, each keeping its arrival times."""
+    n = max(1, min(processes, share.concurrency))
+    due = dict(share.arrivals) if share.arrivals is not None else None
+    parts = []
+    for k in range(n):
+        measured = share.measured[k::n]
+        parts.append(
+            dataclasses.replace(
+                share,
+                concurrency=share.concurrency // n + (k < share.concurrency % n),
+                warmup=share.warmup[k::n],
+                measured=measured,
+                arrivals=[(i, due[i]) for i in measured] if due is not None else None,
+            )
+        )
+    return parts
+
+
+async def _send_all(shares: list[Share]) -> Sent:
+    """Each share in its own process, at once; their records merged (one clock: perf_counter
+    is CLOCK_MONOTONIC, the same in every process), the busiest one's load kept."""
+    if len(shares) == 1:
+        return await _send(shares[0])
+    loop = asyncio.get_running_loop()
+    context = multiprocessing.get_context("spawn")  # the parent runs threads: no fork
+    with ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        sent = await asyncio.gather(
+            *(loop.run_in_executor(pool, _send_in_process, share) for share in shares)
+        )
+    busiest = max(sent, key=lambda part: part.client.busy_s)
+    return Sent(
+        [record for part in sent for record in part.records],
+        sum(part.delayed for part in sent),
+        ClientLoad(busiest.client.busy_s, [lag for part in sent for lag in part.client.lags_s]),
+    )
 
 
 async def run_level(
@@ -114,36 +212,35 @@ async def run_level(
     are excluded. Then `n_requests` (default workload.requests_per_run) measured requests are
     sent, stopping early at workload.run_timeout_s. Warm-up and measured prompts never repeat
     within a call; pass a different `seed` per run so repeated runs on one server differ too.
+    With workload.client_processes above 1 the load is sent from that many processes.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     n = workload.requests_per_run if n_requests is None else n_requests
     n_warmup = workload.warmup_requests if warmup else 0
-    # Keep-alive connections, one per worker; no proxy from the environment is ever used.
-    pool = Pool(base_url)
-    try:
-        if n_warmup:
-            await _closed_loop(pool, workload, concurrency, range(n_warmup), seed)
-        client = ClientLoad()
-        measured = range(n_warmup, n_warmup + n)
-        rate = workload.rate(concurrency)
-        async with client.watching():
-            if rate is None:
-                records, delayed = (
-                    await _closed_loop(pool, workload, concurrency, measured, seed),
-                    0,
-                )
-            else:
-                records, delayed = await _open_loop(
-                    pool, workload, concurrency, rate, measured, seed
-                )
-    finally:
-        pool.close()
+    measured = list(range(n_warmup, n_warmup + n))
+    rate = workload.rate(concurrency)
+    arrivals = None
+    if rate is not None:
+        arrivals = list(
+            zip(
+                measured,
+                arrival_offsets(workload, rate, range(n_warmup, n_warmup + n)),
+                strict=True,
+            )
+        )
+    share = Share(base_url, workload, concurrency, list(range(n_warmup)), measured, seed, arrivals)
+    shares = split(share, workload.client_processes)
+    if len(shares) > 1 and arrivals is not None:
+        # every process starts the arrivals at one moment, once all have started
+        for part in shares:
+            part.start = time.monotonic() + START_GRACE_S
+    sent = await _send_all(shares)
     summary = summarize(
-        records,
+        sent.records,
         concurrency,
         ignore_eos=workload.ignore_eos,
-        client=client,
-        n_delayed=delayed,
+        client=sent.client,
+        n_delayed=sent.delayed,
     )
-    return RunResult(summary=summary, records=records)
+    return RunResult(summary=summary, records=sent.records)

@@ -87,6 +87,11 @@ class Workload(BaseModel):
         "optionally `max_tokens` (capped at max_tokens); relative to the project file.",
         examples=["traffic.jsonl"],
     )
+    client_processes: PositiveInt = Field(
+        default=1,
+        description="Load client processes per run, when one core cannot send the load (a run "
+        "the client could not keep up with is set aside as client-bound).",
+    )
     requests_per_run: PositiveInt = Field(
         default=16, description="Measured requests per concurrency level and run."
     )
