@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
-from flagtrial.gates.capability import Evaluator, Scope
+from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.model import GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.platforms import foreign_module
+from flagtrial.gates.values import Scope
 from harness.cli import cli
 
 SGLANG = ("sglang", "0.5.23")

@@ -29,23 +29,22 @@ from pathlib import Path
 from typing import Any
 
 from flagtrial.errors import FlagtrialError
-from flagtrial.gates.capability import (
+from flagtrial.gates.capability import Evaluator
+from flagtrial.gates.index import SourceIndex, SourceReader, load_index
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
+from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
+from flagtrial.gates.platforms import foreign_module, platform_module
+from flagtrial.gates.selector import selected_backend_failure
+from flagtrial.gates.values import (
     UNKNOWN,
     ClassRef,
-    Evaluator,
     FieldBinding,
     Instance,
     Scope,
     Trace,
     Val,
     assign,
-    platform_module,
 )
-from flagtrial.gates.index import SourceIndex, SourceReader, load_index
-from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
-from flagtrial.gates.paths import Guard, RaiseSite, ReadSite, Walker, all_hold
-from flagtrial.gates.platforms import foreign_module
-from flagtrial.gates.selector import selected_backend_failure
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import LAYOUTS
 from flagtrial.sourceread.common import UNSET, FieldDef, canonical, module_name, switch_value

@@ -22,17 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from flagtrial.gates.capability import (
-    UNKNOWN,
-    Evaluator,
-    FuncRef,
-    Lazy,
-    Scope,
-    Trace,
-    Val,
-    bind_import,
-)
+from flagtrial.gates.capability import Evaluator
+from flagtrial.gates.definitions import bind, bind_import
 from flagtrial.gates.index import StmtFacts, own_expressions
+from flagtrial.gates.values import UNKNOWN, FuncRef, Lazy, Scope, Trace, Val
 
 _LOG_CALLS = {
     "debug",
@@ -467,8 +460,8 @@ class Walker:
         args_old = [self.ev_old.expr(a, st.old) for a in call.args]
         kw_new = {k.arg: self.ev_new.expr(k.value, st.new) for k in call.keywords if k.arg}
         kw_old = {k.arg: self.ev_old.expr(k.value, st.old) for k in call.keywords if k.arg}
-        new = self.ev_new.bind(ref, stmts[0], args_new, kw_new)
-        old = self.ev_old.bind(ref, stmts[0], args_old, kw_old)
+        new = bind(self.ev_new, ref, stmts[0], args_new, kw_new)
+        old = bind(self.ev_old, ref, stmts[0], args_old, kw_old)
         new.startup = old.startup = st.runs_at_startup
         tainted = {
             name

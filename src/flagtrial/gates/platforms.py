@@ -36,6 +36,17 @@ _PACKAGES: dict[str, frozenset[str]] = {
     "deep_gemm": frozenset({"cuda"}),
 }
 _EVERYWHERE = frozenset({"cuda", "rocm", "cpu"})
+# Runtimes the engine layout does not bind a platform class for.
+EXTRA_PLATFORMS = {"cpu": "vllm.platforms.cpu:CpuPlatform"}
+
+
+def platform_module(index: SourceIndex, platform: str) -> str | None:
+    """The module of the platform class a runtime selects (`vllm.platforms.cpu` on CPU)."""
+    for _, classes in index.layout.platform_objects.values():
+        qual = classes.get(platform) or EXTRA_PLATFORMS.get(platform)
+        if qual:
+            return qual.split(":")[0]
+    return None
 
 
 def dependency_platforms(package: str) -> frozenset[str]:
