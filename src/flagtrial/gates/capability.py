@@ -12,6 +12,11 @@ assignments such as `lru_cache(...)(partial(f, ...))`, classes and their bases, 
 
 Logic is three-valued: `False and UNKNOWN` is False, `True and UNKNOWN` is UNKNOWN. A value
 that depended on a host fact is marked `hw`, and carries the definitions that decided it.
+
+The evaluator is this module (names, attributes, calls); the values are in values.py, the
+definition following and function interpretation in definitions.py, the host facts in
+probes.py, the model in modelview.py, operators in operators.py, and the comparison and
+builtin tables in compare.py.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import ast
 from dataclasses import replace
 from typing import Any
 
-from flagtrial.gates.compare import BINOPS, STR_METHODS, call_builtin, compare_values
+from flagtrial.gates import operators
+from flagtrial.gates.compare import STR_METHODS, call_builtin
 from flagtrial.gates.definitions import (
     class_attr,
     global_name,
@@ -59,7 +65,6 @@ from flagtrial.gates.values import (
     Val,
     derived,
     plain,
-    same,
 )
 from flagtrial.sourceread.common import UNSET
 
@@ -207,141 +212,27 @@ class Evaluator:
                     return derived(UNKNOWN, *vals)
                 items = tuple(v.value for v in vals)
                 return derived(frozenset(items) if isinstance(node, ast.Set) else items, *vals)
-            case ast.Dict(keys=keys, values=values):
-                if any(k is None for k in keys):
-                    return Val(UNKNOWN)
-                ks = [self.expr(k, scope) for k in keys if k is not None]
-                vs = [self.expr(v, scope) for v in values]
-                if not all(k.known for k in ks):
-                    return Val(UNKNOWN)
-                try:
-                    pairs = zip((k.value for k in ks), (v.value for v in vs), strict=True)
-                    return derived(dict(pairs), *ks)
-                except TypeError:
-                    return Val(UNKNOWN)
+            case ast.Dict():
+                return operators.dict_display(self, node, scope)
             case ast.BoolOp(op=op, values=values):
-                return self.boolop(isinstance(op, ast.And), values, scope)
-            case ast.UnaryOp(op=op, operand=operand):
-                val = self.expr(operand, scope)
-                if isinstance(op, ast.Not):
-                    truth = val.truth()
-                    return derived(UNKNOWN if truth is None else not truth, val)
-                if isinstance(op, ast.USub) and isinstance(val.value, int | float):
-                    return derived(-val.value, val)
-                return derived(UNKNOWN, val)
+                return operators.boolop(self, isinstance(op, ast.And), values, scope)
+            case ast.UnaryOp():
+                return operators.unary(self, node, scope)
             case ast.Compare():
-                return self.compare(node, scope)
-            case ast.BinOp(left=left, op=op, right=right):
-                lv, rv = self.expr(left, scope), self.expr(right, scope)
-                fn = BINOPS.get(type(op))
-                if fn and plain(lv.value) and plain(rv.value):
-                    try:
-                        return derived(fn(lv.value, rv.value), lv, rv)
-                    except Exception:
-                        pass
-                return derived(UNKNOWN, lv, rv)
-            case ast.IfExp(test=test, body=body, orelse=orelse):
-                tv = self.expr(test, scope)
-                truth = tv.truth()
-                if truth is not None:
-                    branch = self.expr(body if truth else orelse, scope)
-                    return derived(branch.value, tv, branch)
-                a, b = self.expr(body, scope), self.expr(orelse, scope)
-                return derived(a.value if same(a, b) else UNKNOWN, tv, a, b)
+                return operators.compare(self, node, scope)
+            case ast.BinOp():
+                return operators.binop(self, node, scope)
+            case ast.IfExp():
+                return operators.ifexp(self, node, scope)
             case ast.Subscript(value=value, slice=index):
-                return self.subscript(value, index, scope)
+                return operators.subscript(self, value, index, scope)
             case ast.Call():
                 return self.call(node, scope)
             case ast.JoinedStr():
                 return Val(NOT_NONE)
             case ast.GeneratorExp() | ast.ListComp() | ast.SetComp():
-                return self.comprehension(node, scope)
+                return operators.comprehension(self, node, scope)
         return Val(UNKNOWN)
-
-    def comprehension(
-        self, node: ast.GeneratorExp | ast.ListComp | ast.SetComp, scope: Scope
-    ) -> Val:
-        """`any(g in arch for g in ["gfx95"])`: one `for` over a known sequence, every item
-        known, else UNKNOWN (a partly known list would mislead any()/all())."""
-        if len(node.generators) != 1 or not isinstance(node.generators[0].target, ast.Name):
-            return Val(UNKNOWN)
-        gen = node.generators[0]
-        assert isinstance(gen.target, ast.Name)
-        seq = self.expr(gen.iter, scope)
-        if not isinstance(seq.value, tuple | frozenset | str) or len(seq.value) > 64:
-            return derived(UNKNOWN, seq)
-        inner = scope.snapshot()
-        items, vals = [], [seq]
-        for item in seq.value:
-            inner.locals[gen.target.id] = Val(item)
-            conds = [self.expr(c, inner) for c in gen.ifs]
-            vals += conds
-            if any(c.truth() is None for c in conds):
-                return derived(UNKNOWN, *vals)
-            if all(c.truth() for c in conds):
-                val = self.expr(node.elt, inner)
-                vals.append(val)
-                if not val.known:
-                    return derived(UNKNOWN, *vals)
-                items.append(val.value)
-        result = frozenset(items) if isinstance(node, ast.SetComp) else tuple(items)
-        return derived(result, *vals)
-
-    def boolop(self, is_and: bool, values: list[ast.expr], scope: Scope) -> Val:
-        """Three-valued `and`/`or`; a decided result carries only what decided it."""
-        seen: list[Val] = []
-        unknown = False
-        for node in values:
-            val = self.expr(node, scope)
-            truth = val.truth()
-            if truth is None:
-                unknown = True
-            elif truth != is_and:
-                # `False and ...`, `True or ...`: this operand decides whatever came before.
-                return val
-            seen.append(val)
-        if unknown:
-            return derived(UNKNOWN, *seen)
-        return derived(seen[-1].value, *seen)
-
-    def compare(self, node: ast.Compare, scope: Scope) -> Val:
-        left = self.expr(node.left, scope)
-        vals = [left]
-        result: bool | None = True
-        for op, comp in zip(node.ops, node.comparators, strict=True):
-            right = self.expr(comp, scope)
-            vals.append(right)
-            outcome = compare_values(op, left.value, right.value)
-            if outcome is False:
-                return derived(False, left, right)
-            if outcome is None:
-                result = None
-            left = right
-        return derived(UNKNOWN if result is None else True, *vals)
-
-    def subscript(self, value: ast.expr, index: ast.expr, scope: Scope) -> Val:
-        base = self.expr(value, scope)
-        if isinstance(index, ast.Slice):
-            parts = [self.expr(p, scope) if p else Val(None) for p in (index.lower, index.upper)]
-            if isinstance(base.value, tuple | str) and all(plain(p.value) for p in parts):
-                try:
-                    return derived(base.value[parts[0].value : parts[1].value], base, *parts)
-                except TypeError:
-                    pass
-            return derived(UNKNOWN, base)
-        key = self.expr(index, scope)
-        if isinstance(base.value, tuple | str | dict) and key.known:
-            try:
-                return derived(base.value[key.value], base, key)
-            except (LookupError, TypeError):
-                pass
-        if (
-            isinstance(base.value, ClassRef)
-            and isinstance(key.value, str)
-            and is_enum(self, base.value)
-        ):
-            return derived(EnumMember(base.value.name, key.value), base, key)
-        return derived(UNKNOWN, base, key)
 
     # ----------------------------------------------------------------- calls
 
