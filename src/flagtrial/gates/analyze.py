@@ -30,10 +30,11 @@ from typing import Any
 
 from flagtrial.errors import FlagtrialError
 from flagtrial.gates.capability import Evaluator
-from flagtrial.gates.index import SourceIndex, SourceReader, load_index
+from flagtrial.gates.index import SourceIndex, load_index
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.platforms import foreign_module, platform_module
+from flagtrial.gates.reader import SourceReader
 from flagtrial.gates.selector import selected_backend_failure
 from flagtrial.gates.sites import Guard, RaiseSite, ReadSite, all_hold
 from flagtrial.gates.values import (

@@ -35,7 +35,7 @@ from flagtrial.gates.definitions import (
     module_attr,
     mro,
 )
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateHost, ModelFacts
 from flagtrial.gates.modelview import (
     MODEL_ATTRS,
@@ -48,6 +48,7 @@ from flagtrial.gates.modelview import (
     model_self_attr,
 )
 from flagtrial.gates.probes import primitive_attr, primitive_call
+from flagtrial.gates.reader import SourceReader
 from flagtrial.gates.values import (
     NOT_NONE,
     UNKNOWN,

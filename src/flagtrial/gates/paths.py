@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.definitions import bind, bind_import
-from flagtrial.gates.index import StmtFacts, own_expressions
+from flagtrial.gates.reader import StmtFacts, own_expressions
 from flagtrial.gates.sites import (
     Guard,
     RaiseSite,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import threading
 
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateHost
+from flagtrial.gates.reader import SourceReader
 
 # path word -> the platforms its code runs on
 _PATH_WORDS: dict[str, frozenset[str]] = {

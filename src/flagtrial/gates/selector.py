@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flagtrial.gates.compare import COMPARISONS
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.platforms import platform_module
+from flagtrial.gates.reader import SourceReader
 
 _UNREAD = object()
 
