@@ -248,6 +248,10 @@ def scan_parallel(
         i = loads.index(min(loads))
         shares[i].append(job)
         loads[i] += os.path.getsize(job[0])
+    # The workers import this same package (a checkout first on the path, not whatever
+    # flagtrial the interpreter would find), so that the infos they pickle are its classes.
+    here = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     procs = [
         subprocess.Popen(
             [
@@ -257,6 +261,7 @@ def scan_parallel(
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
         )
         for _ in shares
     ]
