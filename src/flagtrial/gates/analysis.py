@@ -274,7 +274,7 @@ class Analysis:
         """Functions registered under the edited value: `@register_attention_backend("fa3")`
         runs when `attention_backend` is "fa3" (the registrar names the field)."""
         found = []
-        for name in self.edited:
+        for name in sorted(self.edited):
             value = self.new[name].value
             if not isinstance(value, str):
                 continue

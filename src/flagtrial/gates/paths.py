@@ -274,7 +274,7 @@ class Walker:
 
     def _expressions(self, facts: StmtFacts, stmt: ast.stmt, st: _State) -> None:
         if st.depth == 0:
-            for name in self.fields & facts.attrs.keys():
+            for name in sorted(self.fields & facts.attrs.keys()):
                 for node in facts.attrs[name]:
                     if self.ev_new.field_value(node) is not None:
                         self._read(node, name, stmt, facts, st)
