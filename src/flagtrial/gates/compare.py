@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,9 @@ BUILTINS = {
     "sorted",
 }
 EXTERNAL = {
+    "re.match": "re_match",
+    "re.fullmatch": "re_fullmatch",
+    "re.search": "re_search",
     "functools.partial": "partial",
     "functools.lru_cache": "lru_cache",
     "functools.cache": "lru_cache",
@@ -87,8 +91,16 @@ def call_builtin(f: Builtin, vals: list[Any]) -> Any:
         "set": frozenset,
         "frozenset": frozenset,
         "sorted": lambda x: tuple(sorted(x)),
+        "re_match": lambda *a: _found(re.match(*a)),
+        "re_fullmatch": lambda *a: _found(re.fullmatch(*a)),
+        "re_search": lambda *a: _found(re.search(*a)),
     }
     return table[f.name](*vals)
+
+
+def _found(match: re.Match[str] | None) -> Any:
+    # A match object is not modelled: that there is one is what is known.
+    return None if match is None else NOT_NONE
 
 
 def as_tuple(value: Any) -> Any:
@@ -127,6 +139,9 @@ def compare_values(op: ast.cmpop, left: Any, right: Any) -> bool | None:
     fn = COMPARISONS.get(type(op))
     if fn is None:
         return None
+    if isinstance(left, EnumMember) is not isinstance(right, EnumMember):
+        # a str/int enum's member against a plain value compares as its value
+        left, right = (x.value if isinstance(x, EnumMember) else x for x in (left, right))
     if isinstance(left, EnumMember) and isinstance(right, EnumMember):
         if isinstance(op, ast.Eq | ast.NotEq):
             return bool(fn(left, right))

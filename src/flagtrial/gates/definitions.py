@@ -175,7 +175,7 @@ def class_attr(ev: Evaluator, cls: ClassRef, attr: str, owner: Any) -> Val:
     if is_enum(ev, cls) and not attr.startswith("_"):
         enum = ev.index.files[cls.fi].classes[cls.name]
         if attr in enum.attrs:
-            return Val(EnumMember(cls.name, attr))
+            return Val(EnumMember(cls.name, attr, _mixin_value(ev, cls, *enum.attrs[attr])))
     for c in mro(ev, cls):
         info = ev.index.files[c.fi].classes.get(c.name)
         if info is None:
@@ -195,6 +195,24 @@ def class_attr(ev: Evaluator, cls: ClassRef, attr: str, owner: Any) -> Val:
                 return ev.expr(value, Scope(c.fi, cls=c, owner=owner))
             return Val(UNKNOWN)
     return _probe_table(ev, cls, attr)
+
+
+def _mixin_value(ev: Evaluator, cls: ClassRef, start: int, end: int) -> Any:
+    """A member's literal value in an enum that mixes in str or int, else UNKNOWN."""
+    mixins = {"str": str, "int": int, "StrEnum": str, "IntEnum": int}
+    kinds = {
+        mixins[b.rsplit(".", 1)[-1]]
+        for c in mro(ev, cls)
+        for b in getattr(ev.index.files[c.fi].classes.get(c.name), "bases", ())
+        if b.rsplit(".", 1)[-1] in mixins
+    }
+    stmts = ev.reader.unit(cls.fi, start, end)
+    value = getattr(stmts[0], "value", None) if stmts else None
+    if len(kinds) == 1 and isinstance(value, ast.Constant):
+        kind = kinds.pop()
+        if type(value.value) is kind:
+            return value.value
+    return UNKNOWN
 
 
 def _probe_table(ev: Evaluator, cls: ClassRef, attr: str) -> Val:

@@ -69,6 +69,9 @@ class ModuleRef:
 class EnumMember:
     cls: str
     name: str
+    # The member's value where the enum mixes in str or int (`class ConnectorType(str,
+    # Enum)`): such a member compares equal to it.
+    value: Any = field(default=UNKNOWN, compare=False)
 
 
 @dataclass(frozen=True)
