@@ -14,9 +14,9 @@ Logic is three-valued: `False and UNKNOWN` is False, `True and UNKNOWN` is UNKNO
 that depended on a host fact is marked `hw`, and carries the definitions that decided it.
 
 The evaluator is this module (names, attributes, calls); the values are in values.py, the
-definition following and function interpretation in definitions.py, the host facts in
-probes.py, the model in modelview.py, operators in operators.py, and the comparison and
-builtin tables in compare.py.
+definition following in definitions.py, a helper's body interpreted in interpret.py, the
+host facts in probes.py, the model in modelview.py, operators in operators.py, and the
+comparison and builtin tables in compare.py.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from flagtrial.gates.compare import STR_METHODS, call_builtin
 from flagtrial.gates.definitions import (
     class_attr,
     global_name,
-    interpret,
     is_enum,
     module_attr,
     mro,
 )
 from flagtrial.gates.index import SourceIndex
+from flagtrial.gates.interpret import interpret
 from flagtrial.gates.model import GateHost, ModelFacts
 from flagtrial.gates.modelview import (
     MODEL_ATTRS,

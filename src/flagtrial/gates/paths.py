@@ -21,7 +21,8 @@ import ast
 from dataclasses import dataclass, field
 
 from flagtrial.gates.capability import Evaluator
-from flagtrial.gates.definitions import bind, bind_import
+from flagtrial.gates.definitions import bind_import
+from flagtrial.gates.interpret import bind
 from flagtrial.gates.reader import StmtFacts, own_expressions
 from flagtrial.gates.sites import (
     Guard,
