@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from flagtrial.gates.analyze import analyze_change, render_text, source_index
-from flagtrial.gates.capability import Evaluator, Scope
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.capability import Evaluator
+from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateFinding, GateHost, Outcome, parse_compute_cap
+from flagtrial.gates.reader import SourceReader
+from flagtrial.gates.values import Scope
 from flagtrial.gates.wheel import engine_source
 from flagtrial.targets.base import Gpu, HostFacts
 

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
-from flagtrial.gates.capability import Evaluator, Scope
+from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.model import GateFinding, GateHost, ModelFacts, Outcome
 from flagtrial.gates.platforms import foreign_module
+from flagtrial.gates.values import UNKNOWN, Scope
 from harness.cli import cli
 
 SGLANG = ("sglang", "0.5.23")
@@ -268,3 +269,31 @@ def test_setting_replaced_on_this_platform_at_every_launch() -> None:
     f = gate(engine, *args, GFX942, extra)
     expect(f, Outcome.NO_OP, "sglang/srt/server_args.py:2824")
     assert gate(engine, *args, SM90, extra).outcome is Outcome.ACTIVE
+
+
+def test_str_enum_members_and_regex_matches_are_evaluated() -> None:
+    # connector/__init__.py:19: class ConnectorType(str, enum.Enum): INSTANCE = "instance";
+    # utils/common.py:2554: parse_connector_type matches r"(.+)://(.*)", "" without a match.
+    index = source_index(*SGLANG_SEED)
+    ev = Evaluator(index, _reader(index), SM100, {})
+    scope = Scope(index.modules["sglang.srt.server_args"])
+
+    def value(source: str) -> object:
+        return ev.expr(ast.parse(source, mode="eval").body, scope).value
+
+    assert value('ConnectorType.INSTANCE == "instance"') is True
+    assert value('ConnectorType.INSTANCE != "filesystem"') is True
+    assert value('parse_connector_type("/models/llama") == ConnectorType.INSTANCE') is False
+    # a match object is not modelled: the scheme it would return stays unknown
+    assert value('parse_connector_type("instance://h") == ConnectorType.INSTANCE') is UNKNOWN
+
+
+def test_platform_pick_behind_an_early_return_on_the_model_path() -> None:
+    # SGLang 0.5.10 server_args.py:1495: `if parse_connector_type(self.model_path) ==
+    # ConnectorType.INSTANCE: return` is False for a plain path, so the DeepSeek V3 branch
+    # runs: on SM100 with no backend given, server_args.py:1604-1608 picks trtllm_mla.
+    extra = ["--tp-size", "8"]
+    f = gate(SGLANG_SEED, "--attention-backend", "trtllm_mla", SM100, extra, model=MLA, tp=8)
+    expect(f, Outcome.NO_OP, "sglang/srt/server_args.py:1604")
+    f = gate(SGLANG_SEED, "--attention-backend", "trtllm_mla", SM90, extra, model=MLA, tp=8)
+    assert f.outcome is not Outcome.NO_OP, render_text([f])

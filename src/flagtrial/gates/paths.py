@@ -18,144 +18,24 @@ field, or a local assigned from one. A raise no edited value reaches cannot be i
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 
-from flagtrial.gates.capability import (
-    UNKNOWN,
-    Evaluator,
-    FuncRef,
-    Lazy,
-    Scope,
-    Trace,
-    Val,
-    bind_import,
+from flagtrial.gates.capability import Evaluator
+from flagtrial.gates.definitions import bind_import
+from flagtrial.gates.interpret import bind
+from flagtrial.gates.reader import StmtFacts, own_expressions
+from flagtrial.gates.sites import (
+    Guard,
+    RaiseSite,
+    ReadSite,
+    all_hold,
+    boolean_context,
+    in_log_call,
 )
-from flagtrial.gates.index import StmtFacts, own_expressions
+from flagtrial.gates.values import UNKNOWN, FuncRef, Lazy, Scope, Trace, Val
 
-_LOG_CALLS = {
-    "debug",
-    "info",
-    "warning",
-    "warn",
-    "error",
-    "exception",
-    "critical",
-    "log",
-    "print",
-    "info_once",
-    "warning_once",
-    "debug_once",
-    "print_warning_once",
-    "print_info_once",
-}
 MAX_CALL_DEPTH = 3
 MAX_CALLEE_LINES = 600
-
-
-class Guard:
-    """A condition on a path; `positive` says whether the path needs it true or false.
-
-    `assumed`: it follows from an earlier `if x: raise` or `assert`; a run where it does not
-    hold has already failed, so it does not make a later raise less certain."""
-
-    def __init__(
-        self,
-        node: ast.expr,
-        fi: int,
-        positive: bool,
-        tainted: bool,
-        new: tuple[Evaluator, Scope] | Val,
-        old: tuple[Evaluator, Scope] | Val,
-        assumed: bool = False,
-    ) -> None:
-        self.node, self.fi, self.positive, self.tainted = node, fi, positive, tainted
-        self._new, self._old = new, old
-        self.assumed = assumed
-
-    def negated(self) -> Guard:
-        return Guard(self.node, self.fi, not self.positive, self.tainted, self._new, self._old)
-
-    def assume(self, raised: bool) -> Guard:
-        """This guard, `assumed` when the way around it was a raise."""
-        if not raised:
-            return self
-        return Guard(self.node, self.fi, self.positive, self.tainted, self._new, self._old, True)
-
-    @cached_property
-    def new(self) -> Val:
-        return (
-            self._new if isinstance(self._new, Val) else self._new[0].expr(self.node, self._new[1])
-        )
-
-    @cached_property
-    def old(self) -> Val:
-        return (
-            self._old if isinstance(self._old, Val) else self._old[0].expr(self.node, self._old[1])
-        )
-
-    def holds(self, val: Val) -> bool | None:
-        truth = val.truth()
-        return None if truth is None else truth == self.positive
-
-    @property
-    def holds_new(self) -> bool | None:
-        return self.holds(self.new)
-
-    @property
-    def holds_old(self) -> bool | None:
-        # An untainted guard reads nothing the edit changes: old is new.
-        return self.holds(self.old if self.tainted else self.new)
-
-
-def all_hold(values: Iterable[bool | None]) -> bool | None:
-    """Three-valued conjunction, stopping at the first False."""
-    result: bool | None = True
-    for v in values:
-        if v is False:
-            return False
-        if v is None:
-            result = None
-    return result
-
-
-@dataclass(frozen=True)
-class ReadSite:
-    fi: int
-    node: ast.expr  # the Attribute (or getattr call) that reads the field
-    stmt: ast.stmt
-    field: str
-    guards: tuple[Guard, ...]
-    context: ast.expr | None  # the enclosing comparison / boolean expression, if any
-    ctx: Guard | None  # that context, evaluated like a guard (positive)
-    parents: dict[int, ast.AST]
-    scope_new: Scope
-    runs_at_startup: bool
-    scope_old: Scope | None = None
-
-
-@dataclass(frozen=True)
-class RaiseSite:
-    fi: int
-    stmt: ast.stmt  # a Raise, or the Assert that fails
-    guards: tuple[Guard, ...]
-    chain: tuple[Trace, ...]  # the calls followed to get here
-    in_try: bool
-    runs_at_startup: bool
-    unit: tuple[int, int, int]  # where the walk that reached it began
-
-    @cached_property
-    def certain(self) -> bool:
-        """Raises on every run of its function with the edit, not on every run without it,
-        and because of the host: a guard that reads a host fact holds. A raise that only
-        the configuration decides (`--enable-x does not support --y`) is left out."""
-        guards = [g for g in self.guards if not g.assumed]
-        if self.in_try or all_hold(g.holds_new for g in guards) is not True:
-            return False
-        if not any(g.new.hw for g in guards):
-            return False
-        return all_hold(g.holds_old for g in guards) is not True
 
 
 @dataclass
@@ -244,63 +124,75 @@ class Walker:
             facts = reader.facts(stmt) if self._hot(stmt, st) else None
             if facts is not None:
                 self._expressions(facts, stmt, st)
-            match stmt:
-                case ast.If(test=test, body=body, orelse=orelse):
-                    guard = self._guard(test, True, facts, st)
-                    left_body = self._block(body, st.branch(guard))
-                    left_else = self._block(orelse, st.branch(guard.negated())) if orelse else None
-                    self._forget(st, stmt)
-                    if left_body and left_else:
-                        return "raise" if left_body == left_else == "raise" else "leave"
-                    if left_body:
-                        st.guards += (guard.negated().assume(left_body == "raise"),)
-                    elif left_else:
-                        st.guards += (guard.assume(left_else == "raise"),)
-                case ast.Assert(test=test):
-                    guard = self._guard(test, False, facts, st)
-                    self._raise(stmt, (*st.guards, guard), st)
-                    st.guards += (guard.negated().assume(True),)
-                case ast.Raise():
-                    self._raise(stmt, st.guards, st)
-                    return "raise"
-                case ast.Return() | ast.Continue() | ast.Break():
-                    return "leave"
-                case ast.Assign(targets=targets, value=value):
-                    self._assign(targets, value, facts, st)
-                case ast.AnnAssign(target=target, value=value) if value is not None:
-                    self._assign([target], value, facts, st)
-                case ast.AugAssign():
-                    self._forget(st, stmt)
-                case ast.Import() | ast.ImportFrom():
-                    bind_import(self.ev_new, st.new, stmt)
-                    bind_import(self.ev_old, st.old, stmt)
-                case ast.For() | ast.AsyncFor() | ast.While():
-                    test = stmt.test if isinstance(stmt, ast.While) else stmt.iter
-                    loop = Guard(test, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN))
-                    self._forget(st, stmt)
-                    self._block(stmt.body, st.branch(loop))
-                    self._forget(st, stmt)
-                case ast.With() | ast.AsyncWith():
-                    left = self._block(stmt.body, st)
-                    if left:
-                        return left
-                case ast.Try() | ast.TryStar():
-                    inner = st.branch(None)
-                    inner.in_try = True
-                    self._block(stmt.body, inner)
-                    for handler in stmt.handlers:
-                        self._block(handler.body, inner)
-                    self._forget(st, stmt)
-                    self._block(stmt.orelse, st.branch(None))
-                    self._block(stmt.finalbody, st)
-                case ast.Match():
-                    for case in stmt.cases:
-                        unknown = Guard(
-                            stmt.subject, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN)
-                        )
-                        self._block(case.body, st.branch(unknown))
-                    self._forget(st, stmt)
+            left = self._statement(stmt, facts, st)
+            if left:
+                return left
         return None
+
+    def _statement(self, stmt: ast.stmt, facts: StmtFacts | None, st: _State) -> str | None:
+        """One statement of a block; "raise" or "leave" when the block ends with it."""
+        match stmt:
+            case ast.If():
+                return self._if(stmt, facts, st)
+            case ast.Assert(test=test):
+                guard = self._guard(test, False, facts, st)
+                self._raise(stmt, (*st.guards, guard), st)
+                st.guards += (guard.negated().assume(True),)
+            case ast.Raise():
+                self._raise(stmt, st.guards, st)
+                return "raise"
+            case ast.Return() | ast.Continue() | ast.Break():
+                return "leave"
+            case ast.Assign(targets=targets, value=value):
+                self._assign(targets, value, facts, st)
+            case ast.AnnAssign(target=target, value=value) if value is not None:
+                self._assign([target], value, facts, st)
+            case ast.AugAssign():
+                self._forget(st, stmt)
+            case ast.Import() | ast.ImportFrom():
+                bind_import(self.ev_new, st.new, stmt)
+                bind_import(self.ev_old, st.old, stmt)
+            case ast.For() | ast.AsyncFor() | ast.While():
+                test = stmt.test if isinstance(stmt, ast.While) else stmt.iter
+                loop = Guard(test, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN))
+                self._forget(st, stmt)
+                self._block(stmt.body, st.branch(loop))
+                self._forget(st, stmt)
+            case ast.With() | ast.AsyncWith():
+                return self._block(stmt.body, st)
+            case ast.Try() | ast.TryStar():
+                self._try(stmt, st)
+            case ast.Match():
+                for case in stmt.cases:
+                    unknown = Guard(
+                        stmt.subject, st.new.fi, True, False, Val(UNKNOWN), Val(UNKNOWN)
+                    )
+                    self._block(case.body, st.branch(unknown))
+                self._forget(st, stmt)
+        return None
+
+    def _if(self, stmt: ast.If, facts: StmtFacts | None, st: _State) -> str | None:
+        guard = self._guard(stmt.test, True, facts, st)
+        left_body = self._block(stmt.body, st.branch(guard))
+        left_else = self._block(stmt.orelse, st.branch(guard.negated())) if stmt.orelse else None
+        self._forget(st, stmt)
+        if left_body and left_else:
+            return "raise" if left_body == left_else == "raise" else "leave"
+        if left_body:
+            st.guards += (guard.negated().assume(left_body == "raise"),)
+        elif left_else:
+            st.guards += (guard.assume(left_else == "raise"),)
+        return None
+
+    def _try(self, stmt: ast.Try | ast.TryStar, st: _State) -> None:
+        inner = st.branch(None)
+        inner.in_try = True
+        self._block(stmt.body, inner)
+        for handler in stmt.handlers:
+            self._block(handler.body, inner)
+        self._forget(st, stmt)
+        self._block(stmt.orelse, st.branch(None))
+        self._block(stmt.finalbody, st)
 
     def _hot(self, stmt: ast.stmt, st: _State) -> bool:
         """Whether a statement can involve the edit: it mentions an edited field, uses a
@@ -383,7 +275,7 @@ class Walker:
 
     def _expressions(self, facts: StmtFacts, stmt: ast.stmt, st: _State) -> None:
         if st.depth == 0:
-            for name in self.fields & facts.attrs.keys():
+            for name in sorted(self.fields & facts.attrs.keys()):
                 for node in facts.attrs[name]:
                     if self.ev_new.field_value(node) is not None:
                         self._read(node, name, stmt, facts, st)
@@ -394,9 +286,9 @@ class Walker:
     def _read(
         self, node: ast.expr, name: str, stmt: ast.stmt, facts: StmtFacts, st: _State
     ) -> None:
-        if _in_log_call(node, facts.parents):
+        if in_log_call(node, facts.parents):
             return
-        context = _boolean_context(node, facts.parents)
+        context = boolean_context(node, facts.parents)
         top = context or node
         guards = st.guards + self._expr_guards(top, facts, st)
         ctx = self._guard(context, True, facts, st) if context is not None else None
@@ -439,7 +331,7 @@ class Walker:
         carries = any(self._is_tainted(facts, a, st) for a in args)
         if not carries and not any(g.tainted for g in st.guards):
             return
-        if _in_log_call(call, facts.parents):
+        if in_log_call(call, facts.parents):
             return
         guards = st.guards + self._expr_guards(call, facts, st)
         # an assumed guard that fails means an earlier raise: the run fails either way
@@ -467,8 +359,8 @@ class Walker:
         args_old = [self.ev_old.expr(a, st.old) for a in call.args]
         kw_new = {k.arg: self.ev_new.expr(k.value, st.new) for k in call.keywords if k.arg}
         kw_old = {k.arg: self.ev_old.expr(k.value, st.old) for k in call.keywords if k.arg}
-        new = self.ev_new.bind(ref, stmts[0], args_new, kw_new)
-        old = self.ev_old.bind(ref, stmts[0], args_old, kw_old)
+        new = bind(self.ev_new, ref, stmts[0], args_new, kw_new)
+        old = bind(self.ev_old, ref, stmts[0], args_old, kw_old)
         new.startup = old.startup = st.runs_at_startup
         tainted = {
             name
@@ -498,31 +390,3 @@ def _same_val(a: Val, b: Val) -> bool:
         return bool(a.value == b.value)
     except Exception:
         return False
-
-
-def _in_log_call(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
-    while id(node) in parents:
-        node = parents[id(node)]
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in _LOG_CALLS:
-                return True
-        if isinstance(node, ast.JoinedStr):
-            return True
-    return False
-
-
-def _boolean_context(node: ast.AST, parents: dict[int, ast.AST]) -> ast.expr | None:
-    """The largest comparison / `and` / `or` / `not` expression around a read."""
-    context: ast.expr | None = None
-    while id(node) in parents:
-        parent = parents[id(node)]
-        if isinstance(parent, ast.Compare | ast.BoolOp) or (
-            isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
-        ):
-            context = parent
-            node = parent
-        else:
-            break
-    return context

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import threading
 
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateHost
+from flagtrial.gates.reader import SourceReader
 
 # path word -> the platforms its code runs on
 _PATH_WORDS: dict[str, frozenset[str]] = {
@@ -36,6 +37,17 @@ _PACKAGES: dict[str, frozenset[str]] = {
     "deep_gemm": frozenset({"cuda"}),
 }
 _EVERYWHERE = frozenset({"cuda", "rocm", "cpu"})
+# Runtimes the engine layout does not bind a platform class for.
+EXTRA_PLATFORMS = {"cpu": "vllm.platforms.cpu:CpuPlatform"}
+
+
+def platform_module(index: SourceIndex, platform: str) -> str | None:
+    """The module of the platform class a runtime selects (`vllm.platforms.cpu` on CPU)."""
+    for _, classes in index.layout.platform_objects.values():
+        qual = classes.get(platform) or EXTRA_PLATFORMS.get(platform)
+        if qual:
+            return qual.split(":")[0]
+    return None
 
 
 def dependency_platforms(package: str) -> frozenset[str]:

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flagtrial.gates.capability import COMPARISONS, platform_module
-from flagtrial.gates.index import SourceIndex, SourceReader
+from flagtrial.gates.compare import COMPARISONS
+from flagtrial.gates.index import SourceIndex
+from flagtrial.gates.platforms import platform_module
+from flagtrial.gates.reader import SourceReader
 
 _UNREAD = object()
 

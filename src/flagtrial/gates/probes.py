@@ -1,0 +1,96 @@
+"""The host facts an evaluation comes down to: `get_device_capability()`, `get_device_sm()`,
+`torch.version.cuda` / `.hip`, `torch.cuda.is_available()`, `device_count()`, the GPU's name
+and properties, the gfx architecture; and, when the platform's own pick is computed, what an
+unset environment and the platform's installed packages give."""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Any
+
+from flagtrial.gates.model import GateHost
+from flagtrial.gates.platforms import dependency_platforms
+from flagtrial.gates.values import NOT_NONE, UNKNOWN, Capability, DeviceProps, Scope, Val
+
+if TYPE_CHECKING:
+    from flagtrial.gates.capability import Evaluator
+
+# vLLM reads the gfx architecture through amdsmi first: a probe of the host's fact.
+_GCN_ARCH_PROBES = {"_get_gcn_arch", "_query_gcn_arch_from_amdsmi", "get_gcn_arch"}
+
+
+def _fact(value: Any, note: str) -> Val:
+    return Val(value, True, (("fact", -1, 0, note),))
+
+
+def _cap_note(host: GateHost) -> str:
+    cap = host.capability
+    return "host compute capability " + ("{}.{}".format(*cap) if cap else "unknown")
+
+
+def primitive_call(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
+    func = node.func
+    last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    host = ev.host
+    if last in ("get_device_capability", "get_device_sm") and host.gpu_count == 0:
+        return _fact(None, "host has no GPU")
+    if last == "get_device_capability":
+        cap = host.capability
+        return _fact(Capability(cap) if cap else UNKNOWN, _cap_note(ev.host))
+    if last == "get_device_sm":
+        cap = host.capability
+        return _fact(cap[0] * 10 + cap[1] if cap else UNKNOWN, _cap_note(ev.host))
+    dotted = ev.external_name(func, scope)
+    if dotted == "torch.cuda.is_available":
+        return _fact(host.gpu_count > 0, f"host has {host.gpu_count} GPU(s)")
+    if dotted == "torch.cuda.device_count":
+        return _fact(host.gpu_count, f"host has {host.gpu_count} GPU(s)")
+    if dotted == "torch.cuda.get_device_name":
+        return _fact(host.gpu_name or UNKNOWN, "host GPU name")
+    if ev.defaults is not None:
+        assumed = _assumed_call(ev, dotted, node, scope)
+        if assumed is not None:
+            return assumed
+    if last in _GCN_ARCH_PROBES and host.platform == "rocm":
+        return _fact(host.gfx or UNKNOWN, "host gfx architecture")
+    if dotted in ("torch.backends.mps.is_available", "torch.mps.is_available"):
+        return _fact(False, f"host runtime is {host.platform}")
+    if dotted == "torch.cuda.get_device_properties":
+        return _fact(DeviceProps(host), "host GPU properties")
+    return None
+
+
+def _assumed_call(ev: Evaluator, dotted: str | None, node: ast.Call, scope: Scope) -> Val | None:
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr == "is_out_of_tree":
+        return Val(False, True, (("fact", -1, 0, "no out-of-tree platform plugin"),))
+    if dotted in ("os.getenv", "os.environ.get") and len(node.args) >= 1:
+        default = node.args[1] if len(node.args) > 1 else None
+        val = ev.expr(default, scope) if default is not None else Val(None)
+        return Val(val.value, True, (("fact", -1, 0, "environment variables unset"),))
+    if dotted == "importlib.util.find_spec" and node.args:
+        name = ev.expr(node.args[0], scope).value
+        if isinstance(name, str):
+            installed = ev.host.platform in dependency_platforms(name.split(".")[0])
+            note = f"{name} {'is' if installed else 'is not'} installed on {ev.host.platform}"
+            return Val(NOT_NONE if installed else None, True, (("fact", -1, 0, note),))
+    return None
+
+
+def primitive_attr(ev: Evaluator, dotted: str) -> Val | None:
+    host = ev.host
+    if dotted == "torch.version.cuda":
+        if host.platform != "cuda":
+            return _fact(None, f"host runtime is {host.platform}")
+        if host.cuda_version is None:
+            return _fact(NOT_NONE, "host CUDA version not given")
+        return _fact("{}.{}".format(*host.cuda_version), "host CUDA version")
+    if dotted == "torch.version.hip":
+        if host.platform != "rocm":
+            return _fact(None, f"host runtime is {host.platform}")
+        if host.rocm_version is None:
+            return _fact(NOT_NONE, "host runtime is ROCm")
+        return _fact("{}.{}".format(*host.rocm_version), "host ROCm version")
+    if dotted in ("torch.version.musa", "torch.version.xpu"):
+        return _fact(None, f"host runtime is {host.platform}")
+    return None
