@@ -183,7 +183,7 @@ def guidellm(cell: Cell) -> Reported:
 
     def mean(name: str, status: str) -> float | None:
         found = (metrics.get(name) or {}).get(status) or {}
-        return float(found["mean"]) if found.get("mean") is not None else None
+        return float(found["mean"]) if found.get("count") else None  # no samples: mean 0
 
     totals = metrics["request_totals"]
     return Reported(
