@@ -197,9 +197,24 @@ def guidellm(cell: Cell) -> Reported:
     )
 
 
+def _aiperf_failure(out_dir: Path) -> str | None:
+    """Why a run failed: the first failed request's error (its per-request records, written at
+    its default export level), else the last error in its log."""
+    records = out_dir / "profile_export.jsonl"
+    lines = records.read_text().splitlines() if records.exists() else []
+    errors = [e["message"] for e in (json.loads(line).get("error") for line in lines) if e]
+    if errors:
+        return f"{len(errors)} of {len(lines)} requests failed, the first: {errors[0]}"
+    log = out_dir / "logs" / "aiperf.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    why = [line.split(" - ERROR - ", 1)[1] for line in lines if " - ERROR - " in line]
+    return why[-1] if why else None
+
+
 def aiperf(cell: Cell) -> Reported:
     """AIPerf 0.13 with one worker (what its default gives on 2 CPUs), which with its other
-    services (processes too) shares the one client core."""
+    services (processes too) shares the one client core. It takes a completions chunk's text
+    only where the chunk says `"object": "text_completion"`, as vLLM, SGLang and llama.cpp do."""
     program = _peer("aiperf")
     with tempfile.TemporaryDirectory() as out_dir:
         argv = [
@@ -210,18 +225,15 @@ def aiperf(cell: Cell) -> Reported:
             "--isl", "8", "--osl", str(cell.tokens), "--workers-max", "1",
             # the server's usage counts: its tokenizer splits the streamed " w3" into two tokens
             "--use-server-token-count",
-            "--output-artifact-dir", out_dir, "--export-level", "summary",
+            "--output-artifact-dir", out_dir,
             "--ui", "none", "--no-server-metrics", "--no-gpu-telemetry",
         ]  # fmt: skip
         # Not offline: in HF offline mode it looks a local tokenizer directory up as a hub repo
         # id and fails; with an absolute path it loads it from disk without the hub.
         try:
             out, cpu = run_pinned(argv, env={"HF_HUB_OFFLINE": None})
-        except Unavailable as e:  # its console ends in a box; its log says why in one line
-            log = Path(out_dir) / "logs" / "aiperf.log"
-            lines = log.read_text().splitlines() if log.exists() else []
-            why = [line.split(" - ERROR - ", 1)[1] for line in lines if " - ERROR - " in line]
-            raise Unavailable(why[-1] if why else str(e)) from e
+        except Unavailable as e:  # its console ends in a box: the reason from its own files
+            raise Unavailable(_aiperf_failure(Path(out_dir)) or str(e)) from e
         report = Path(out_dir) / "profile_export_aiperf.json"
         if not report.exists():
             raise Unavailable(f"no report: {out[-400:]}")
