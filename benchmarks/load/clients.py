@@ -161,7 +161,8 @@ def _peer(name: str) -> Path:
 
 def guidellm(cell: Cell) -> Reported:
     """GuideLLM 0.8, with one worker process: its default, min(c, 10) workers, all on the one
-    client core, measured 9 % fewer tok/s at c=64 on 256-token streams for 60 % more CPU."""
+    client core, gave 6-37 % fewer tok/s (3 runs) at c=64 on 256-token streams for about
+    twice the CPU."""
     program = _peer("guidellm")
     with tempfile.TemporaryDirectory() as out_dir:
         report = Path(out_dir) / "report.json"
