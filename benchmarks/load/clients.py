@@ -54,8 +54,9 @@ def run_pinned(
     argv = ["taskset", "-c", CLIENT_CORE, *argv]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=cwd, env=environ)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise Unavailable(f"exit {done.returncode}: {(done.stderr or done.stdout)[-400:]}")
+    if done.returncode != 0:  # its last line: for a Python traceback, the exception
+        last = (done.stderr or done.stdout).strip().splitlines() or [""]
+        raise Unavailable(f"exit {done.returncode}: {last[-1][-400:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return done.stdout + done.stderr, cpu
 
