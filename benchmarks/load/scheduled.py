@@ -38,14 +38,20 @@ async def _serve(
             head = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, ConnectionError):
             break
-        length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
-        body = json.loads(await reader.readexactly(length))
+        found = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        if not found:  # a GET (a client's /v1/models or /server_info): nothing here
+            writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            continue
+        body = json.loads(await reader.readexactly(int(found.group(1))))
         tokens = int(body.get("max_tokens", 16))
         start = loop.time()
         writer.write(HEAD)
         for i in range(tokens):
             await asyncio.sleep(max(0.0, start + ttft_s + i * itl_s - loop.time()))
-            writer.write(_chunk(_event({"choices": [{"index": 0, "text": f" w{i % 10}"}]})))
+            # text for completions parsers, delta for chat ones, object for those that check it
+            token = f" w{i % 10}"
+            choice = {"index": 0, "text": token, "delta": {"content": token}}
+            writer.write(_chunk(_event({"object": "text_completion", "choices": [choice]})))
         tail = _event({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": tokens}})
         writer.write(_chunk(tail + b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
