@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from flagtrial.judge import Effect
     from flagtrial.records import Event, Generation, RunRow, TrialRow
     from flagtrial.targets.base import HostFacts
-    from flagtrial.trial import Restore, TrialOutcome
+    from flagtrial.session import Restore
+    from flagtrial.trial import TrialOutcome
 
 # On a terminal, output follows its width; piped output is never wrapped (a width no
 # line reaches), so diff lines and table cells reach the next tool whole.
