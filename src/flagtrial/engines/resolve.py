@@ -36,6 +36,7 @@ ENGINES = ("sglang", "vllm")
 _SOURCE = Path(resolve_dump.__file__).read_text()
 # Importing the engine (torch, its configs) takes most of it; 2 busy cores: up to a minute.
 TIMEOUT_S = 300.0
+SHOWN_MISMATCHES = 5
 
 
 class ResolveFacts(BaseModel):
@@ -305,9 +306,13 @@ class PredictionCheck(BaseModel):
     def reason(self) -> Reason | None:
         """A note for the verdict; None when the server reports none of the settings."""
         if self.mismatches:
-            compared = self.settings + len(self.mismatches)
-            values: dict[str, int | str] = {"count": len(self.mismatches), "compared": compared,
-                                            "mismatches": "; ".join(self.mismatches)}  # fmt: skip
+            count, compared = len(self.mismatches), self.settings + len(self.mismatches)
+            # the first few in the verdict; the journal's record holds them all
+            shown = "; ".join(self.mismatches[:SHOWN_MISMATCHES])
+            if count > SHOWN_MISMATCHES:
+                shown += f"; and {count - SHOWN_MISMATCHES} more"
+            values: dict[str, int | str] = {"count": count, "compared": compared,
+                                            "mismatches": shown}  # fmt: skip
             return Reason(code=Code.PREDICTION_MISSED, values=values)
         if not self.settings:
             return None
