@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from flagtrial.blocks import ServerDiedError
 from flagtrial.demo import free_port, write_unit
 from flagtrial.judge import decide
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code
+from flagtrial.session import Session
 from flagtrial.settings import Policy
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import ServerDiedError, Session, Trial
+from flagtrial.trial import Trial
 from harness.cli import cli as run_cli
 from harness.project import write_project_file
 from harness.runsummaries import summary

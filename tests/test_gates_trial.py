@@ -1,6 +1,7 @@
 """The source gate analysis inside a trial, on the SGLang stand-in with the real wheels: the
 seed's flag FAILS AT STARTUP on SM120 with sglang 0.5.23 (the trial stops before deploying
-unless forced) and is a NO-OP ON THIS HARDWARE with 0.5.10 (cited in the REVERT)."""
+unless forced) and is a NO-OP ON THIS HARDWARE with 0.5.10 (cited in the REVERT); and the
+engine's own resolution, run by the trial, held against what the candidate reports."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import flagtrial
 from flagtrial.demo import free_port
+from flagtrial.engines.resolve import SHOWN_MISMATCHES
 from flagtrial.errors import GateError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
@@ -19,6 +22,7 @@ from flagtrial.trial import Trial, TrialOutcome
 from harness.cli import cli
 from harness.project import update_project_file
 from harness.session import session_for
+from harness.sglang_fixtures import sglang_bin, sglang_model  # noqa: F401
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site
 
@@ -38,14 +42,14 @@ def project_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: tuple[
     return update_project_file(path, DECLARED)
 
 
-def trial(project: Path, force: bool = False) -> TrialOutcome:
+def trial(project: Path, force: bool = False, change: Change = FUSION) -> TrialOutcome:
     session = session_for(project)
     target = session.target
     assert isinstance(target, ProcessTarget)
 
     async def run() -> TrialOutcome:
         try:
-            return await Trial(session, FUSION, force=force).run()
+            return await Trial(session, change, force=force).run()
         finally:
             await target.stop()
 
@@ -96,3 +100,71 @@ def test_seed_version_reads_as_a_no_op_in_the_revert(tmp_path: Path, monkeypatch
         "--enable-flashinfer-allreduce-fusion",
         "NO-OP ON THIS HARDWARE",
     )
+
+
+def real_resolution_project(root: Path, python: Path, model: Path, cap: str) -> Path:
+    """The stand-in served by the real SGLang's interpreter, so the trial's resolution is the
+    real one (SGLang 0.5.23, the declared GPU answering the platform query)."""
+    src = Path(flagtrial.__file__).parents[1]
+    args = ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(free_port()),
+            "--max-running-requests", "8"]  # fmt: skip
+    env = {"FLAGTRIAL_STANDIN_GPU": f"sm{cap.replace('.', '')}:80",
+           "FLAGTRIAL_STANDIN_TOKEN_DELAY_S": "0.01", "PYTHONPATH": str(src),
+           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    project = write_project(
+        root, "sglang", args, env, policy="runs = 2\nmax_runs = 4\n",
+        program=[str(python), "-m", "flagtrial.standin.sglang"],
+    )  # fmt: skip
+    return update_project_file(project, f'[gpu]\ncompute_cap = "{cap}"\ncuda = "12.8"\n')
+
+
+def test_the_engines_own_resolution_refuses_before_any_restart(
+    tmp_path: Path,
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    project = real_resolution_project(tmp_path, sglang_bin, sglang_model, "9.0")
+    nvfp4 = Change(edits=[Edit(op="add", name="--kv-cache-dtype", value="nvfp4")])
+    with pytest.raises(GateError) as refused:
+        trial(project, change=nvfp4)
+    # SGLang 0.5.23 srt/arg_groups/kv_cache_hook.py handle_kv4_compatibility, on SM90
+    assert str(refused.value).startswith(
+        "--kv-cache-dtype fails at startup on this GPU per sglang's own argument resolution "
+        "(declared SM90, CUDA 12.8, 1 GPU(s)): RuntimeError: --kv-cache-dtype=nvfp4 requires "
+        "Blackwell SM100 or SM120"
+    )
+    assert "(sglang/srt/arg_groups/kv_cache_hook.py:" in str(refused.value)
+    ledger = Ledger(project.parent / ".flagtrial" / "ledger.db")
+    row = ledger.trials()[0]
+    assert row.state == "aborted"
+    assert "restarting" not in [e.state for e in ledger.events(row.id)]
+    assert row.record["resolution"]["candidate"].startswith("FAILS AT STARTUP: RuntimeError")
+
+
+def test_the_candidate_is_held_against_the_engines_own_resolution(
+    tmp_path: Path,
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    """After the candidate's restart its report is held against the prediction: the
+    stand-in, which resolves only the few settings that decide capacity, differs from the
+    engine on others."""
+    project = real_resolution_project(tmp_path, sglang_bin, sglang_model, "10.0")
+    change = Change(edits=[Edit(op="set", name="--max-running-requests", value="2")])
+    outcome = trial(project, change=change)
+    missed = outcome.verdict.first({Code.PREDICTION_MISSED})
+    assert missed is not None, outcome.verdict.reasons
+    assert outcome.verdict.first({Code.PREDICTION_CONFIRMED}) is None
+    row = Ledger(project.parent / ".flagtrial" / "ledger.db").trials()[0]
+    checked = row.record["prediction"]
+    assert len(checked["mismatches"]) > SHOWN_MISMATCHES  # the stand-in resolves few
+    assert missed.values["count"] == len(checked["mismatches"])
+    assert missed.values["compared"] == checked["settings"] + len(checked["mismatches"])
+    # the verdict shows the first few, the record all of them
+    assert missed.values["mismatches"].startswith("; ".join(checked["mismatches"][:2]))
+    assert missed.message.endswith(f"and {len(checked['mismatches']) - SHOWN_MISMATCHES} more")
+    # the setting the change names, reported as the engine resolves it
+    assert checked["settings"] > 0
+    assert not any(m.startswith("max_running_requests:") for m in checked["mismatches"])
+    assert row.record["resolution"]["candidate"].startswith("resolved")
+    assert all(": predicted " in m and ", the server reports " in m for m in checked["mismatches"])

@@ -16,9 +16,17 @@ import pytest
 
 from flagtrial.demo import free_port
 from flagtrial.engines import resolve_dump
-from flagtrial.engines.resolve import Resolution, ResolveFacts, resolve_local
+from flagtrial.engines.resolve import (
+    Prediction,
+    Resolution,
+    ResolveFacts,
+    predicted_diff,
+    resolve_local,
+)
+from flagtrial.facts import Facts
 from flagtrial.gates.model import GateFinding, Outcome
 from flagtrial.gates.preflight import combine
+from flagtrial.reasons import Code
 from harness.cli import cli
 from harness.project import update_project_file
 from harness.sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
@@ -263,3 +271,42 @@ def test_preflight_fails_on_sm90_and_predicts_the_changes_on_sm100(
     assert explicit["kv_cache_dtype"] == ("auto", "nvfp4")
     # the hook's own choice for an nvfp4 cache on SM100, never named by the change
     assert implicit["decode_attention_backend"][1] == "trtllm_mha"
+
+
+def test_the_prediction_held_against_the_report() -> None:
+    good = _res("resolved", {"kv_cache_dtype": "auto", "decode_attention_backend": None, "a": 1})
+    cand = _res("resolved", {"kv_cache_dtype": "nvfp4", "decode_attention_backend": "trtllm_mha",
+                             "a": 1})  # fmt: skip
+    predicted = Prediction(
+        known_good=good, candidate=cand, diff=predicted_diff(good, cand, {"kv_cache_dtype"})
+    )
+    # as predicted: the implicit change among them; unreported settings are not compared
+    same = Facts(engine="sglang", settings={"kv_cache_dtype": "nvfp4", "a": 1,
+                                            "decode_attention_backend": "trtllm_mha"})  # fmt: skip
+    checked = predicted.check(same)
+    assert checked is not None
+    assert (checked.settings, checked.mismatches, checked.implicit, checked.predicted) == (
+        3,
+        [],
+        1,
+        1,
+    )
+    confirmed = checked.reason()
+    assert confirmed is not None and confirmed.code == Code.PREDICTION_CONFIRMED
+    assert confirmed.message.startswith("predicted implicit changes confirmed")
+    # otherwise: each setting reported otherwise, with both values
+    other = Facts(engine="sglang", settings={"kv_cache_dtype": "nvfp4", "a": 1,
+                                             "decode_attention_backend": "triton"})  # fmt: skip
+    missed = predicted.check(other)
+    assert missed is not None
+    assert missed.mismatches == [
+        "decode_attention_backend: predicted 'trtllm_mha', the server reports 'triton'"
+    ]
+    assert (missed.settings, missed.implicit) == (2, 0)
+    reason = missed.reason()
+    assert reason is not None and reason.code == Code.PREDICTION_MISSED
+    assert (reason.values["count"], reason.values["compared"]) == (1, 3)
+    # nothing reported: nothing to say; a candidate that did not resolve: no check
+    assert predicted.check(Facts(engine="sglang")).reason() is None  # type: ignore[union-attr]
+    refused = Prediction(known_good=good, candidate=_res("raised"), diff=None)
+    assert refused.check(same) is None

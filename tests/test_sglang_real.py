@@ -234,6 +234,12 @@ def test_fewer_running_requests_revert_with_the_binding_limit_named(
     assert outcome["restore"]["verified"] is True
     assert outcome["restore"]["facts"]["capacity"]["concurrent_requests"] == 8
     assert unit.read_bytes() == before
+    # the trial's resolution of the candidate before its restart, as the server then reported
+    [confirmed] = [r for r in outcome["verdict"]["reasons"] if r["code"] == "prediction-confirmed"]
+    assert confirmed["values"]["settings"] > 400
+    assert confirmed["values"]["implicit"] == confirmed["values"]["predicted"]
+    shown = cli(project, "show", str(outcome["trial_id"]))
+    assert "predicted implicit changes confirmed" in shown.stdout
     # HTTP server, scheduler and detokenizer: all of them gone once the server is stopped.
     assert len(members) >= 3
     assert [pid for pid in members if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"] == []

@@ -19,8 +19,9 @@ from flagtrial.demo import free_port, write_unit
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code
+from flagtrial.session import Session
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial
+from flagtrial.trial import Trial
 from harness.cli import cli
 from harness.project import update_project_file, write_project_file
 from harness.session import session_for

@@ -27,15 +27,14 @@ from server import model
 
 from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port, write_unit
-from flagtrial.engines import make_engine
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.load.workload import Workload
 from flagtrial.reasons import STOPS
-from flagtrial.settings import Policy, load_project
-from flagtrial.targets import make_target
+from flagtrial.session import Session
+from flagtrial.settings import Policy
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Session, Trial, TrialOutcome
+from flagtrial.trial import Trial, TrialOutcome
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
@@ -68,11 +67,7 @@ def set_slots(unit: Path, slots: int) -> None:
 
 
 def one_trial(project: Path, change: Change) -> tuple[TrialOutcome, float]:
-    proj = load_project(project)
-    session = Session(
-        proj, make_target(proj), make_engine("llamacpp"), Ledger(proj.ledger_path),
-        lambda state, detail: None,
-    )  # fmt: skip
+    session = Session.open(project, lambda state, detail: None)
 
     async def run() -> TrialOutcome:
         try:

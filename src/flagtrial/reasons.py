@@ -56,6 +56,9 @@ class Code(StrEnum):
     CANDIDATE_FACTS_CHANGED = "candidate-facts-changed"
     NOT_KEPT = "not-kept"
     SOURCE_GATE = "source-gate"
+    # the engine's own resolution before the restart, held against the candidate's report
+    PREDICTION_CONFIRMED = "prediction-confirmed"
+    PREDICTION_MISSED = "prediction-missed"
     # a reason recorded as plain text, before reasons had codes (ledger schema 3 and older)
     TEXT = "text"
 
@@ -155,6 +158,15 @@ MESSAGES: dict[Code, str] = {
         "not kept: the candidate restarted with other facts than it was measured with: {mismatches}"
     ),
     Code.SOURCE_GATE: "source gate: {setting}: {outcome} ({why})",
+    Code.PREDICTION_CONFIRMED: (
+        "predicted implicit changes confirmed: the candidate reports {settings} settings as the "
+        "engine's own resolution predicted them, {implicit} of {predicted} predicted implicit "
+        "changes among them"
+    ),
+    Code.PREDICTION_MISSED: (
+        "the candidate reports {count} of {compared} settings otherwise than the engine's own "
+        "resolution predicted: {mismatches}"
+    ),
     Code.TEXT: "{text}",
 }
 

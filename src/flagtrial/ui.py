@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from flagtrial.facts import Facts, FactsDiff, Limit, Rewrite
     from flagtrial.judge import Effect
     from flagtrial.records import Event, Generation, RunRow, TrialRow
+    from flagtrial.session import Restore
     from flagtrial.targets.base import HostFacts
-    from flagtrial.trial import Restore, TrialOutcome
+    from flagtrial.trial import TrialOutcome
 
 # On a terminal, output follows its width; piped output is never wrapped (a width no
 # line reaches), so diff lines and table cells reach the next tool whole.

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flagtrial.engines import make_engine
 from flagtrial.engines.base import ProgressFn
 from flagtrial.launch.change import Change
-from flagtrial.ledger import Ledger
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
+from flagtrial.session import Notify, Session
 from flagtrial.targets.base import Target
-from flagtrial.trial import Notify, Session, Trial, TrialOutcome
+from flagtrial.trial import Trial, TrialOutcome
 
 
 def ignore(state: str, detail: str) -> None:
@@ -26,15 +23,7 @@ def session_for(
     target: Target | None = None,
     progress: ProgressFn | None = None,
 ) -> Session:
-    project = load_project(project_file)
-    return Session(
-        project,
-        target if target is not None else make_target(project),
-        make_engine(project.engine),
-        Ledger(project.ledger_path),
-        notify,
-        progress,
-    )
+    return Session.open(project_file, notify, progress, target=target)
 
 
 def recorder(events: list[tuple[str, str]]) -> Notify:

@@ -25,10 +25,11 @@ import pytest
 from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
 from flagtrial.launch.change import Change
+from flagtrial.session import Notify
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Notify, Trial, TrialOutcome
+from flagtrial.trial import Trial, TrialOutcome
 from harness.session import session_for
 from harness.standin import write_project
 

@@ -4,8 +4,8 @@ command to, or the raise it will refuse it with (resolve_dump.py runs on the eng
 `resolve_command` resolves one command with the interpreter the server runs under, on the
 host's own GPUs, or on declared GPU facts where the host has none it can report
 (`ResolveFacts`). Known-good against candidate, the resolved settings are the predicted
-implicit changes (`predicted_diff`); after the restart `compare` holds them against what the
-server reports.
+implicit changes (`predicted_diff`); after the restart `Prediction.check` (over `compare`)
+holds the candidate's against what its server reports.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from flagtrial.engines.pyengine import _marked, host_python
 from flagtrial.facts import Facts, FactsDiff, Scalar, diff_facts
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.reasons import Code, Reason
 from flagtrial.redact import MARK, Redactor, is_secret_name
 from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts, Target
@@ -34,6 +35,7 @@ ENGINES = ("sglang", "vllm")
 _SOURCE = Path(resolve_dump.__file__).read_text()
 # Importing the engine (torch, its configs) takes most of it; 2 busy cores: up to a minute.
 TIMEOUT_S = 300.0
+SHOWN_MISMATCHES = 5
 
 
 class ResolveFacts(BaseModel):
@@ -273,6 +275,10 @@ def predicted_diff(known_good: Resolution, candidate: Resolution, named: set[str
     return diff_facts(before, after, named)
 
 
+def _reported_as(value: Scalar, reported: Scalar) -> bool:
+    return reported == value or pyrepr.scalar(repr(value)) == reported
+
+
 def compare(predicted: Resolution, facts: Facts) -> tuple[int, list[str]]:
     """(settings the server reports as predicted, one line per one it reports otherwise), over
     the settings both name."""
@@ -281,11 +287,37 @@ def compare(predicted: Resolution, facts: Facts) -> tuple[int, list[str]]:
         if key not in facts.settings or facts.settings[key] == MARK:
             continue  # not reported, or a secret (shown redacted, never compared)
         reported = facts.settings[key]
-        if reported == value or pyrepr.scalar(repr(value)) == reported:
+        if _reported_as(value, reported):
             same += 1
         else:
             differ.append(f"{key}: predicted {value!r}, the server reports {reported!r}")
     return same, differ
+
+
+class PredictionCheck(BaseModel):
+    """The candidate's resolution held against what its server reports after the restart."""
+
+    settings: int  # settings reported as predicted
+    mismatches: list[str]  # one line per setting reported otherwise
+    implicit: int  # predicted implicit changes reported as predicted
+    predicted: int  # predicted implicit changes
+
+    def reason(self) -> Reason | None:
+        """A note for the verdict; None when the server reports none of the settings."""
+        if self.mismatches:
+            count, compared = len(self.mismatches), self.settings + len(self.mismatches)
+            # the first few in the verdict; the journal's record holds them all
+            shown = "; ".join(self.mismatches[:SHOWN_MISMATCHES])
+            if count > SHOWN_MISMATCHES:
+                shown += f"; and {count - SHOWN_MISMATCHES} more"
+            values: dict[str, int | str] = {"count": count, "compared": compared,
+                                            "mismatches": shown}  # fmt: skip
+            return Reason(code=Code.PREDICTION_MISSED, values=values)
+        if not self.settings:
+            return None
+        confirmed = {"settings": self.settings, "implicit": self.implicit,
+                     "predicted": self.predicted}  # fmt: skip
+        return Reason(code=Code.PREDICTION_CONFIRMED, values=confirmed)
 
 
 class Prediction(BaseModel):
@@ -318,6 +350,21 @@ class Prediction(BaseModel):
                 f"patched platform queries: {', '.join(self.candidate.patched)})"
             )
         return out
+
+    def check(self, facts: Facts) -> PredictionCheck | None:
+        """After the candidate's restart: its resolution against `facts`, what its server
+        reports; None where the candidate did not resolve."""
+        if self.candidate.status != "resolved":
+            return None
+        same, differ = compare(self.candidate, facts)
+        implicit = self.diff.implicit if self.diff is not None else []
+        confirmed = sum(
+            c.name in facts.settings and _reported_as(c.after, facts.settings[c.name])
+            for c in implicit
+        )
+        return PredictionCheck(
+            settings=same, mismatches=differ, implicit=confirmed, predicted=len(implicit)
+        )
 
 
 async def predict(
