@@ -42,10 +42,6 @@ class Arms:
         a verdict when the trial must end here (the candidate did not start, or broke a
         guardrail with capacity_guard = "revert", or the known-good came back different)."""
         s, plan = self.s, self.plan
-        if self.gates is None:
-            # Before the first restart of any kind: a change that fails at startup here
-            # must not cost the known-good even one restart.
-            await self._check_gates()
         if self.installed != arm:
             gen = plan.generation(arm)
             plan.journal.step(TrialState.INSTALLING, f"generation {gen.id} ({ARM_NAMES[arm]})")
@@ -131,9 +127,11 @@ class Arms:
             return ServerDiedError(f"{died}; restarting the known-good failed too: {e}")
         return ServerDiedError(f"{died}; restarted: {restore_detail(restore)}")
 
-    async def _check_gates(self) -> None:
-        """The gates started beside the first runs: journaled, and a change they say fails at
-        startup refused unless forced."""
+    async def check_gates(self) -> None:
+        """The gates, awaited before the first run (the engine's resolution is a busy child
+        process: beside a run it would disturb it) and before any restart (a change that fails
+        at startup must not cost the known-good one): journaled, and a change they say fails
+        at startup refused unless forced."""
         self.gates = report = await self.plan.gate_task
         journal = self.plan.journal
         prediction = report.prediction

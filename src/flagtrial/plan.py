@@ -1,5 +1,5 @@
 """A trial's plan: what is fixed before its first run (the known-good as found, the
-candidate, the gates started beside the first runs) and the journal it writes."""
+candidate, the gates started) and the journal it writes."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class Plan:
 
 async def plan(s: Session, change: Change) -> Plan:
     """Check the change, record the candidate and open the trial's journal; the gates (the
-    source analysis and the engine's own resolution) start, to run beside the first baseline
-    runs, not before them."""
+    source analysis and the engine's own resolution) start, for the trial to await before its
+    first run."""
     good, spec, facts_before = await s.known_good()
     checked = await s.check_change(spec, change)
     candidate_gen = s.ledger.record_generation(

@@ -37,14 +37,14 @@ S = TrialState
 FINAL = frozenset({S.KEPT, S.REVERTED, S.ABORTED, S.RECOVERED})
 # Where an open journal may go from anywhere: an interruption, or recovery by a later command.
 _EXITS = frozenset({S.REVERTING, S.ABORTED, S.RECOVERED})
-_AFTER_BLOCK = frozenset({S.GATES, S.INSTALLING, S.RESTARTING, S.JUDGED})
+_AFTER_BLOCK = frozenset({S.INSTALLING, S.RESTARTING, S.JUDGED})
 _FORWARD: dict[TrialState, frozenset[TrialState]] = {
     S.PLANNED: frozenset({S.PREFLIGHTED}),
-    S.PREFLIGHTED: frozenset({S.MEASURING_BASELINE}),
-    S.GATES: frozenset({S.INSTALLING, S.RESTARTING}),
-    # the source gates are read before the first restart, which follows the first block
+    # the gates' findings, when there are any, before the first run
+    S.PREFLIGHTED: frozenset({S.GATES, S.MEASURING_BASELINE}),
+    S.GATES: frozenset({S.MEASURING_BASELINE}),
     S.MEASURING_BASELINE: _AFTER_BLOCK,
-    S.MEASURING: _AFTER_BLOCK - {S.GATES},
+    S.MEASURING: _AFTER_BLOCK,
     S.INSTALLING: frozenset({S.RESTARTING}),
     # into a block's runs, its facts, an early verdict, or (keeping) the end
     S.RESTARTING: frozenset({S.MEASURING_BASELINE, S.MEASURING, S.FACTS, S.JUDGED}),

@@ -73,6 +73,7 @@ class Trial:
         """Restart into and measure what the procedure asks for until it stops; then act on
         its verdict, or on an early one."""
         blocks = Blocks(self.s, p.journal)
+        await arms.check_gates()
         while isinstance(step := seq.decision(), Continue):
             if step.restart and (early := await arms.enter(step.arm, seq)) is not None:
                 return await self._finish(p, arms, early)
