@@ -9,8 +9,9 @@ import time
 
 from flagtrial.errors import FlagtrialError
 from flagtrial.faults import checkpoint
-from flagtrial.hygiene import disturbed, foreign_load, sample_target
+from flagtrial.hygiene import client_bound, disturbed, foreign_load, sample_target
 from flagtrial.load.runner import run_level
+from flagtrial.load.summary import RunSummary
 from flagtrial.plan import Journal
 from flagtrial.sequential import Arm, Continue, Sequential
 from flagtrial.session import Session
@@ -59,6 +60,8 @@ class Blocks:
             load = foreign_load(before, after, state.pid, own_pid) if before and after else None
             before = after
             why = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
+            # a run the load client could not keep up with measured the client
+            why = why or client_bound(result.summary)
             set_aside = why is not None and project.policy.set_aside_disturbed
             now = time.monotonic()
             seq.observe(
@@ -79,5 +82,14 @@ class Blocks:
                 "run",
                 f"{arm} c={level} run {index + 1} (block {step.block + 1}): "
                 f"{result.summary.output_tok_s:.1f} tok/s, {result.summary.n_errors} errors"
-                + (f"; {'set aside' if set_aside else 'counted'}, {why}" if why else ""),
+                + (f"; {'set aside' if set_aside else 'counted'}, {why}" if why else "")
+                + _delayed(result.summary),
             )
+
+
+def _delayed(summary: RunSummary) -> str:
+    """Open loop: requests that waited for the concurrency cap (the server got less than the
+    rate asked, which the run still measures)."""
+    if not summary.n_delayed:
+        return ""
+    return f"; {summary.n_delayed} of {summary.n_requests} requests waited for the concurrency cap"
