@@ -162,7 +162,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
     parser.add_argument("--clients", default=",".join(clients.CLIENTS))
     parser.add_argument("--skip", default="", help="ceiling,accuracy")
+    parser.add_argument("--report", action="store_true", help="rewrite results.md and the plot")
     args = parser.parse_args()
+    if args.report:
+        report(json.loads((HERE / "results.json").read_text()))
+        return
     names = args.clients.split(",")
     ceiling_rows = [] if "ceiling" in args.skip else run_ceiling(names, args.quick)
     accuracy_rows = [] if "accuracy" in args.skip else run_accuracy(names, args.quick)
@@ -170,6 +174,11 @@ def main() -> None:
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     out = {"meta": meta, "ceiling": ceiling_rows, "accuracy": accuracy_rows}
     (HERE / "results.json").write_text(json.dumps(out, indent=1) + "\n")
+    report(out)
+
+
+def report(out: dict[str, Any]) -> None:
+    meta, ceiling_rows, accuracy_rows = out["meta"], out["ceiling"], out["accuracy"]
     ceiling_columns = [
         ("stream", "tokens", "d"), ("c", "concurrency", "d"), ("client", "client", "s"),
         ("tok/s", "tok_s", ",.0f"), ("req/s", "req_s", ",.0f"),
@@ -184,7 +193,7 @@ def main() -> None:
     ]  # fmt: skip
     first, every = SCHEDULE_MS
     md = [
-        f"Measured {meta['when']} ({'quick' if args.quick else 'full'}), client on core "
+        f"Measured {meta['when']} ({'quick' if meta['quick'] else 'full'}), client on core "
         f"{clients.CLIENT_CORE}, server on core {SERVER_CORE}.",
         "",
         "## Ceiling (nginx, pre-rendered streams)",
