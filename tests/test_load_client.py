@@ -8,7 +8,6 @@ import asyncio
 import json
 import shutil
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -16,48 +15,27 @@ import pytest
 from flagtrial.hygiene import CLIENT_BUSY_MAX_SHARE, client_bound
 from flagtrial.load.client import RequestRecord, send_request
 from flagtrial.load.http import Pool
+from flagtrial.load.prompts import Request
 from flagtrial.load.runner import RunResult, run_level
 from flagtrial.load.sse import SseSplitter
 from flagtrial.load.workload import Workload
+from harness.scripted import (
+    HEAD,
+    STREAM,
+    USAGE,
+    Script,
+    chunked,
+    event,
+    keep_alive,
+    read_request,
+    text,
+)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks" / "load"))
 import ceiling  # the benchmark's nginx server and stream renderer
 
-Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 WORKLOAD = Workload(max_tokens=3, prompt_words=4, request_timeout_s=5.0)
-HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-def event(payload: dict[str, object] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
-    return f"data: {data}\n\n".encode()
-
-
-def text(token: str) -> bytes:
-    return event({"choices": [{"index": 0, "text": token}]})
-
-
-USAGE = event({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}})
-STREAM = text("a") + text("b") + text("c") + USAGE + event("[DONE]")
-
-
-def chunked(body: bytes) -> bytes:
-    return f"{len(body):x}\r\n".encode() + body + b"\r\n" if body else b"0\r\n\r\n"
-
-
-async def read_request(reader: asyncio.StreamReader) -> bool:
-    """Read one request (headers and its Content-Length body); False at end of connection."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
-        return False
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length")
-    )
-    await reader.readexactly(length)
-    return True
+PROMPT = Request("a prompt", None, WORKLOAD.max_tokens)
 
 
 async def serve_and_send(
@@ -68,7 +46,7 @@ async def serve_and_send(
     port = server.sockets[0].getsockname()[1]
     pool = Pool(f"http://127.0.0.1:{port}")
     try:
-        return [await send_request(pool, workload, "a prompt") for _ in range(n)]
+        return [await send_request(pool, workload, PROMPT) for _ in range(n)]
     finally:
         pool.close()
         server.close()
@@ -76,23 +54,6 @@ async def serve_and_send(
 
 def run(script: Script, n: int = 1, workload: Workload = WORKLOAD) -> list[RequestRecord]:
     return asyncio.run(serve_and_send(script, n, workload))
-
-
-def keep_alive(body_writes: Callable[[], list[bytes]], *, close_after: bool = False) -> Script:
-    """A server answering each request on a connection with the given writes (drained one
-    by one, so the client reads them as separate pieces)."""
-
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await read_request(reader):
-            for piece in body_writes():
-                writer.write(piece)
-                await writer.drain()
-                await asyncio.sleep(0.001)
-            if close_after:
-                break
-        writer.close()
-
-    return script
 
 
 def test_events_split_anywhere_are_read_whole() -> None:
@@ -203,7 +164,7 @@ def test_a_connection_closed_after_the_request_was_written_is_retried_once() -> 
     served: list[int] = []
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await read_request(reader):
+        while await read_request(reader) is not None:
             served.append(1)
             if len(served) == 2:
                 break
@@ -226,7 +187,7 @@ def test_a_refused_connection_is_counted_as_refused() -> None:
 
     async def send() -> RequestRecord:
         pool = Pool(f"http://127.0.0.1:{await closed_port()}")
-        return await send_request(pool, WORKLOAD, "a prompt")
+        return await send_request(pool, WORKLOAD, PROMPT)
 
     record = asyncio.run(send())
     assert (record.ok, record.error, record.status) == (False, "connection refused", None)
@@ -252,7 +213,10 @@ def test_nginx_streams_count_exactly_over_kept_alive_connections(nginx: int) -> 
 
     async def eight_workers(pool: Pool) -> list[RequestRecord]:
         async def worker() -> list[RequestRecord]:
-            return [await send_request(pool, w, "a prompt") for _ in range(8)]
+            return [
+                await send_request(pool, w, Request("a prompt", None, w.max_tokens))
+                for _ in range(8)
+            ]
 
         return [r for rs in await asyncio.gather(*(worker() for _ in range(8))) for r in rs]
 
@@ -278,7 +242,7 @@ def test_a_run_paced_by_the_server_is_not_client_bound() -> None:
     paced = [HEAD, *(chunked(text("a")) for _ in range(3)), chunked(USAGE + event("[DONE]"))]
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await read_request(reader):
+        while await read_request(reader) is not None:
             for piece in [*paced, chunked(b"")]:
                 writer.write(piece)
                 await writer.drain()

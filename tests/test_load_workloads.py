@@ -18,7 +18,7 @@ from flagtrial.load.runner import arrival_offsets, run_level
 from flagtrial.load.workload import Lengths, Workload
 from flagtrial.settings import parse_project
 from harness.cli import cli
-from test_load_client import HEAD, STREAM, chunked, read_request
+from harness.scripted import HEAD, STREAM, chunked, read_request
 
 LOGNORMAL = Lengths(distribution="lognormal", mean=24, spread=0.6)
 
@@ -139,7 +139,7 @@ def test_a_rate_the_cap_cannot_carry_is_reported_delayed() -> None:
     # Each answer takes 30 ms; 200 requests/s with at most 2 in flight cannot be offered:
     # the requests that found both slots taken are counted.
     async def server_script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while await read_request(reader):
+        while await read_request(reader) is not None:
             await asyncio.sleep(0.03)
             writer.write(HEAD + chunked(STREAM) + chunked(b""))
         writer.close()
@@ -170,13 +170,8 @@ def test_two_client_processes_send_one_run_on_one_clock() -> None:
     seen: list[int] = []
 
     async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, ConnectionError):
-                break
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            seen.append(int(json.loads(await reader.readexactly(length))["prompt"].split()[0]))
+        while (body := await read_request(reader)) is not None:
+            seen.append(int(json.loads(body)["prompt"].split()[0]))
             writer.write(HEAD + chunked(STREAM) + chunked(b""))
         writer.close()
 

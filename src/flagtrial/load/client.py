@@ -203,7 +203,7 @@ async def _exchange(pool: Pool, request: bytes, stream_of: Callable[[], _Stream]
 async def send_request(
     pool: Pool,
     workload: Workload,
-    request: Request | str,
+    request: Request,
     *,
     run_deadline: float | None = None,
 ) -> RequestRecord:
@@ -216,8 +216,6 @@ async def send_request(
     request_deadline = loop.time() + workload.request_timeout_s
     deadline = request_deadline if run_deadline is None else min(run_deadline, request_deadline)
     run_bound_first = deadline != request_deadline
-    if isinstance(request, str):
-        request = Request(request, None, workload.max_tokens)
     wire = pool.post(endpoint(workload), orjson.dumps(request_body(workload, request)))
 
     start = time.perf_counter()
