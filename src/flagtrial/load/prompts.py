@@ -80,14 +80,16 @@ class Request:
     max_tokens: int
 
 
+@cache
+def _replayed(path: Path) -> tuple[dict[str, Any], ...]:
+    """The traffic file as this process first read it: one fixed workload for every run (no
+    file access per request, and an edit mid-trial changes neither arm)."""
+    return read_traffic(path)
+
+
 def read_traffic(path: Path) -> tuple[dict[str, Any], ...]:
     """The user's traffic file: one JSON object a line with `prompt` (a string) or `messages`
     (chat messages), and optionally `max_tokens`. Raises ValueError naming the bad line."""
-    return _read_traffic(path, path.stat().st_mtime_ns)
-
-
-@cache
-def _read_traffic(path: Path, mtime_ns: int) -> tuple[dict[str, Any], ...]:
     rows = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -114,7 +116,7 @@ def plan_request(workload: Workload, index: int, seed: int) -> Request:
     """What request `index` of a run with `seed` asks."""
     max_tokens = draw_length(workload.output_lengths, workload.max_tokens, index, "output")
     if workload.prompts_file is not None:
-        rows = read_traffic(workload.prompts_file)
+        rows = _replayed(workload.prompts_file)
         row = rows[index % len(rows)]
         asked = min(int(row.get("max_tokens", max_tokens)), workload.max_tokens)
         return Request(row.get("prompt"), row.get("messages"), asked)
