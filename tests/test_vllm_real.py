@@ -190,7 +190,7 @@ def test_a_flag_that_changes_nothing_on_cpu_is_no_effect(vllm_trials: VllmTrials
     known-good's re-check, which the trial ends on (nothing left to restore)."""
     # 99 %, as the A/A trial on llama-server (tests/test_trial.py): a busy machine's noise
     # must not pass for an effect.
-    server = vllm_trials.serve(*SEQS_8, policy="confidence = 0.99\n")
+    server = vllm_trials.serve(*SEQS_8, policy="confidence = 0.99\nmax_seconds = 150\n")
     known = server.target.spec_path.read_bytes()
     outcome, _ = run_trial(server.project, NO_OP, stop=False)
     assert outcome.diff is not None
