@@ -136,7 +136,7 @@ def test_schema_3_reasons_get_codes(tmp_path: Path) -> None:
     trial = schema_3_trial(ledger)
     ledger.close()
     migrated = Ledger(path)
-    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert migrated.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     row = migrated.trial(trial)
     assert [(r.code, r.values) for r in row.reasons] == [
         (

@@ -183,6 +183,23 @@ class Ledger:
                  block, disturbed, json.dumps(foreign) if foreign is not None else None),
             )  # fmt: skip
 
+    def record_attribution(self, trial_id: int, record: dict[str, Any]) -> int:
+        """Which edit of trial `trial_id` did what (attribution.Attribution), kept redacted."""
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO attributions (trial_id, record_json, at) VALUES (?,?,?)",
+                (trial_id, json.dumps(self.redactor().data(record)), time.time()),
+            )
+        return int(cur.lastrowid or 0)
+
+    def attribution(self, trial_id: int) -> dict[str, Any] | None:
+        """The latest attribution of trial `trial_id`, as stored."""
+        row = self.db.execute(
+            "SELECT record_json FROM attributions WHERE trial_id=? ORDER BY id DESC LIMIT 1",
+            (trial_id,),
+        ).fetchone()
+        return json.loads(row["record_json"]) if row else None
+
     def trial(self, trial_id: int) -> TrialRow:
         row = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
         if row is None:
@@ -252,7 +269,7 @@ class Ledger:
 
     # moving between machines
 
-    TABLES = ("generations", "trials", "events", "runs")
+    TABLES = ("generations", "trials", "events", "runs", "attributions")
 
     def redactor(self) -> Redactor:
         """self.secrets, taught the secret values of every generation recorded so far."""
@@ -300,7 +317,7 @@ class Ledger:
         # Schema 2 only added run columns with defaults, every schema exports a spec as
         # spec_text, and a trial's plain-text reasons get codes on the way in (_imported):
         # an export of any schema loads.
-        if data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
+        if data.get("schema_version") not in (1, 2, 3, 4, SCHEMA_VERSION):
             raise LedgerError(
                 f"export has schema {data.get('schema_version')}, this ledger {SCHEMA_VERSION}"
             )

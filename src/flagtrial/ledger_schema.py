@@ -15,7 +15,7 @@ from typing import Any
 from flagtrial.errors import LedgerError
 from flagtrial.reasons import coded
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS generations (
@@ -61,6 +61,12 @@ CREATE TABLE IF NOT EXISTS runs (
   disturbed TEXT,
   foreign_json TEXT
 );
+CREATE TABLE IF NOT EXISTS attributions (
+  id INTEGER PRIMARY KEY,
+  trial_id INTEGER NOT NULL REFERENCES trials(id),
+  record_json TEXT NOT NULL,
+  at REAL NOT NULL
+);
 """
 # Schema 1 -> 2: runs know their restart block and the foreign load measured around them.
 MIGRATE_1_TO_2 = """
@@ -79,6 +85,15 @@ ALTER TABLE generations DROP COLUMN spec_text;
 # Schema 3 -> 4: reasons carry their codes (flagtrial.reasons); one stored as plain text
 # becomes a reason of code "text" with its words (coded_trial), in the trial's reasons and
 # in the verdict of its record.
+# Schema 4 -> 5: which edit of a trial's change did what (flagtrial.attribution).
+MIGRATE_4_TO_5 = """
+CREATE TABLE IF NOT EXISTS attributions (
+  id INTEGER PRIMARY KEY,
+  trial_id INTEGER NOT NULL REFERENCES trials(id),
+  record_json TEXT NOT NULL,
+  at REAL NOT NULL
+);
+"""
 
 
 # The ledger holds launch specs as they are (secrets included, to restore them byte for
@@ -129,6 +144,8 @@ def migrate(
                     (new["reasons_json"], new["record_json"], row["id"]),
                 )
             db.execute("PRAGMA user_version=4")
+    if version <= 4:
+        db.executescript(f"BEGIN; {MIGRATE_4_TO_5} PRAGMA user_version=5; COMMIT;")
 
 
 def coded_trial(row: dict[str, Any]) -> dict[str, Any]:

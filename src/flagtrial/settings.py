@@ -95,6 +95,12 @@ class Policy(BaseModel):
     disturbed_max_fraction: float = Field(
         0.5, gt=0, le=1, description="more disturbed runs than this: too busy to measure"
     )
+    attribution_max_restarts: int = Field(
+        12, ge=0, description="bound: restarts one attribution may spend, its trials' included"
+    )
+    attribution_max_seconds: float = Field(
+        3600.0, gt=0, description="bound: wall seconds of one attribution"
+    )
     on_inconclusive: Literal["revert", "keep"] = Field(
         "revert", description="what happens to the server when the answer is INCONCLUSIVE"
     )

@@ -7,6 +7,9 @@ then judged -> [installing -> restarting ->] kept | reverting -> reverted. From 
 whose journal is open: reverting (interrupted after the candidate's install), aborted
 (stopped before it), recovered (a later command rolled it back); a later command promotes
 a trial judged KEEP to kept.
+
+An attribution's restarts (flagtrial.attribution) are journaled as a trial too: preflighted
+-> (installing -> restarting [-> facts]) per subset of the edits -> reverting -> reverted.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ _FORWARD: dict[TrialState, frozenset[TrialState]] = {
 }
 _FORWARD[S.INSTALLING] |= {S.KEPT}
 _FORWARD[S.RESTARTING] |= {S.KEPT}
+# an attribution: from its plan, or from one subset's start (read or failed), to the next
+_FORWARD[S.PREFLIGHTED] |= {S.INSTALLING}
+_FORWARD[S.RESTARTING] |= {S.INSTALLING}
+_FORWARD[S.FACTS] |= {S.INSTALLING}
 TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     s: frozenset() if s in FINAL else _FORWARD[s] | _EXITS for s in S
 }

@@ -20,6 +20,7 @@ from flagtrial.redact import Redactor
 
 # Types only: importing the trial and its engines at start costs every command a second.
 if TYPE_CHECKING:
+    from flagtrial.attribution.outcome import Attribution
     from flagtrial.engines.base import PhaseName, StartProgress
     from flagtrial.facts import Facts, FactsDiff, Limit, Rewrite
     from flagtrial.judge import Effect
@@ -245,6 +246,37 @@ def show_outcome(outcome: TrialOutcome) -> None:
             expand=False,
         )
     )
+
+
+_OUTCOME_COLOURS = {"harmful": "red", "beneficial": "green", "useless": "yellow",
+                    "interacting": "magenta", "unresolved": "white"}  # fmt: skip
+
+
+def show_attribution(a: Attribution) -> None:
+    """Per edit its outcome and evidence; what it cost against one edit at a time; the fixed
+    change and the command that tries it."""
+    table = Table(title=f"attribution of trial {a.trial_id}", title_justify="left")
+    for col in ("edit", "", "outcome", "evidence"):
+        table.add_column(col)
+    for v in a.edits:
+        colour = _OUTCOME_COLOURS[v.outcome]
+        evidence = "\n".join(secrets.text(e) for e in v.evidence)
+        shown = escape(secrets.text(v.shown()))
+        table.add_row(str(v.index + 1), shown, f"[{colour}]{v.outcome}[/]", escape(evidence))
+    console.print(table)
+    used, naive = a.used, a.one_at_a_time
+    console.print(
+        f"spent {used.restarts} restarts and {used.load_s:g} s of load; one edit at a time: "
+        f"{naive.restarts} restarts and {naive.load_s:g} s of load"
+    )
+    if a.stopped:
+        console.print(f"[yellow]stopped early[/yellow]: {a.stopped}")
+    fixed = a.fixed()
+    if fixed is not None:
+        console.print("fixed change (the harmless and beneficial edits):")
+        for line in fixed.describe().splitlines():
+            console.print(f"  {secrets.text(line)}", markup=False)
+        console.print(f"try it: flagtrial trial --from-attribution {a.trial_id}")
 
 
 def history_table(trials: list[TrialRow], generations: list[Generation]) -> Table:

@@ -58,6 +58,10 @@ class FactSearch:
     def restarts(self) -> int:
         return len(self.seen)
 
+    def unsettled(self) -> dict[str, set[int]]:
+        """Per effect, the edits of groups not split yet (a search stopped by its bound)."""
+        return {e: set().union(*groups) for e, groups in self._open.items() if groups}
+
     def _step(self, effect: str) -> Subset | None:
         """The subset this effect needs read next (maybe read already), or None when done."""
         groups = self._open[effect]

@@ -32,7 +32,9 @@ from flagtrial.errors import GateError, UsageError
 from flagtrial.launch.spec import printable
 
 if TYPE_CHECKING:
+    from flagtrial.launch.change import Change
     from flagtrial.preflight import PreflightReport
+    from flagtrial.session import Session
 
 
 @app.command()
@@ -48,26 +50,99 @@ def trial(
     force: Annotated[
         bool, typer.Option(help="deploy even when the engine's source says it fails at startup")
     ] = False,
+    attribute: Annotated[
+        bool,
+        typer.Option("--attribute", help="not kept, and two or more edits: find which edit did it"),
+    ] = False,
+    from_attribution: Annotated[
+        int | None,
+        typer.Option(
+            "--from-attribution",
+            metavar="TRIAL",
+            help="try the harmless and beneficial edits of attributed trial TRIAL",
+        ),
+    ] = None,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
     from flagtrial.trial import Trial
 
-    change = make_change(add, set_, remove, env, unset_env)
+    edits = (add, set_, remove, env, unset_env)
+    if from_attribution is not None and any(edits):
+        raise UsageError("--from-attribution takes its change from the attribution: no edits")
+    change = make_change(*edits) if from_attribution is None else None
 
     async def body() -> int:
         async with open_session(
             project, accept_new_host_key=accept_new, json_out=json_out
         ) as session:
+            tried = change or fixed_change(session, from_attribution or 0)
             async with session.target.lock("flagtrial trial"):
-                outcome = await Trial(session, change, force=force).run()
+                outcome = await Trial(session, tried, force=force).run()
+                attributed = None
+                if attribute and outcome.outcome != "kept" and len(tried.edits) > 1:
+                    from flagtrial.attribution.attribute import Attribute
+
+                    attributed = await Attribute(session, outcome.trial_id).run()
             if json_out:
-                emit_json(outcome.model_dump())
+                emit_json(
+                    {
+                        **outcome.model_dump(),
+                        "attribution": attributed.model_dump() if attributed else None,
+                    }
+                )
             else:
                 ui.show_outcome(outcome)
+                if attributed is not None:
+                    ui.show_attribution(attributed)
             return EXIT_VERDICT[outcome.verdict.decision]
 
     raise typer.Exit(run(body))
+
+
+def fixed_change(session: Session, trial_id: int) -> Change:
+    """The harmless and beneficial edits the latest attribution of `trial_id` found."""
+    from flagtrial.attribution.outcome import Attribution
+
+    stored = session.ledger.attribution(trial_id)
+    if stored is None:
+        raise UsageError(
+            f"trial {trial_id} was never attributed: run `flagtrial attribute {trial_id}`"
+        )
+    fixed = Attribution.model_validate(stored).fixed()
+    if fixed is None:
+        raise UsageError(
+            f"the attribution of trial {trial_id} leaves no change to try: every edit "
+            "was harmful, interacting or unresolved, or every edit was harmless"
+        )
+    ui.secrets.learn_change(fixed.edits)
+    return fixed
+
+
+@app.command()
+def attribute(
+    trial_id: Annotated[int, typer.Argument(metavar="TRIAL", help="a finished trial's id")],
+    project: ProjectOpt = DEFAULT_PROJECT,
+    json_out: JsonOpt = False,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Which edit of TRIAL's change did it: per edit harmful, useless, beneficial or
+    interacting, with its evidence, in as few restarts as the evidence allows; the server ends
+    on the known-good."""
+    from flagtrial.attribution.attribute import Attribute
+
+    async def body() -> None:
+        async with (
+            open_session(project, accept_new_host_key=accept_new, json_out=json_out) as session,
+            session.target.lock("flagtrial attribute"),
+        ):
+            attributed = await Attribute(session, trial_id).run()
+        if json_out:
+            emit_json(attributed.model_dump())
+        else:
+            ui.show_attribution(attributed)
+
+    run(body)
 
 
 @app.command()

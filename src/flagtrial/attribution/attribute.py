@@ -1,0 +1,258 @@
+"""Which edit of a trial's change did it: the evidence that costs no restart first (the
+engine's --help, the gate analysis the trial recorded), then restarts with no load (the
+facts of subsets of the edits, group testing: attribution/search.py), then measured effects
+last (probe trials of subsets, judged by the trial's own sequential procedure, never kept).
+
+Every restart is journaled: the fact reads in one trial-shaped journal of their own (a
+killed attribution is recovered to the known-good like a trial), each probe in its own
+trial. The result is kept in the ledger's attributions table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from flagtrial.attribution.effects import describe, fact_effects, trial_effects
+from flagtrial.attribution.evidence import inert
+from flagtrial.attribution.outcome import Attribution, Cost, EditOutcome, Found, judge
+from flagtrial.attribution.search import FactSearch, Subset
+from flagtrial.errors import RollbackError, ServerNotReadyError, UsageError
+from flagtrial.facts import Facts, FactsDiff, diff_facts
+from flagtrial.gates.model import Outcome
+from flagtrial.launch.change import Change, Edit
+from flagtrial.launch.schema import FlagSchema
+from flagtrial.launch.spec import LaunchSpec
+from flagtrial.plan import Journal
+from flagtrial.records import TrialRow
+from flagtrial.session import Session, restore_detail
+from flagtrial.states import FINAL, TrialState
+
+Settled = dict[int, tuple[EditOutcome, str]]
+
+
+def settled_without_restart(
+    trial: TrialRow, edits: list[Edit], argv: list[str], schema: FlagSchema
+) -> Settled:
+    """Edits whose outcome is known before any restart: inert by the engine's --help, or a
+    NO-OP / a startup failure by the gate analysis the trial recorded."""
+    gates = {g["flag"]: g for g in trial.record.get("gates", [])}
+    settled: Settled = {}
+    for i, edit in enumerate(edits):
+        if edit.name.startswith("-") and (why := inert(edit, argv, schema)) is not None:
+            settled[i] = ("useless", why)
+        elif (g := gates.get(edit.name)) and g["outcome"] == Outcome.NO_OP:
+            settled[i] = ("useless", f"{Outcome.NO_OP} by the engine's source: {g['reason']}")
+        elif g and g["outcome"] == Outcome.FAILS:
+            settled[i] = ("harmful", f"{Outcome.FAILS} by the engine's source: {g['reason']}")
+    return settled
+
+
+def ledger_cost(s: Session, trial_id: int) -> Cost:
+    """The restarts a trial journaled and the seconds of load it ran."""
+    events = s.ledger.events(trial_id)
+    runs = s.ledger.runs(trial_id)
+    return Cost(
+        restarts=sum(e.state == TrialState.RESTARTING for e in events),
+        load_s=round(sum(float(r.summary.get("duration_s", 0.0)) for r in runs), 1),
+    )
+
+
+def _said(effect: str, diff: FactsDiff) -> str:
+    """The numbers behind a fact effect in a start's diff."""
+    kind, _, rest = effect.partition(":")
+    if kind == "capacity":
+        name = rest.rpartition(":")[0]
+        return next(c.describe() for c in diff.capacity if c.name == name)
+    if kind == "setting":
+        return next(c.describe() for c in diff.implicit if c.name == rest)
+    return describe(effect)
+
+
+class Attribute:
+    """One attribution of trial `trial_id`, under the target's lock the caller holds."""
+
+    def __init__(self, session: Session, trial_id: int) -> None:
+        self.s = session
+        self.trial = session.ledger.trial(trial_id)
+        self.edits = Change.model_validate(self.trial.change).edits
+        self.found = Found()
+        self.used = Cost(restarts=0, load_s=0.0)
+        self.journals: list[int] = []
+        self.stopped: str | None = None
+        self.began = time.monotonic()
+
+    async def run(self) -> Attribution:
+        s, trial = self.s, self.trial
+        self._check()
+        good, spec, facts_before = await s.known_good()
+        if good.id != trial.baseline_gen:
+            raise UsageError(
+                f"trial {trial.id} was measured against generation {trial.baseline_gen}, but "
+                f"the known-good is now generation {good.id}: attribute a trial of the "
+                "known-good that serves"
+            )
+        schema = await s.engine.flag_schema(s.target, spec.program)
+        settled = settled_without_restart(trial, self.edits, spec.argv, schema)
+        candidates = frozenset(range(len(self.edits))) - settled.keys()
+        facts, measured = trial_effects(trial, s.engine.capacity_tolerance_pct)
+        await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
+        if measured is not None:
+            await self._search_measured(FactSearch({measured}, candidates))
+        result = Attribution(
+            trial_id=trial.id,
+            edits=judge(self.edits, settled, self.found),
+            used=self.used,
+            one_at_a_time=self._one_at_a_time(measured is not None),
+            journals=self.journals,
+            stopped=self.stopped,
+        )
+        s.ledger.record_attribution(trial.id, result.model_dump(mode="json"))
+        return result
+
+    def _check(self) -> None:
+        trial = self.trial
+        if len(self.edits) < 2:
+            raise UsageError(f"trial {trial.id} has {len(self.edits)} edit: nothing to attribute")
+        if trial.state not in FINAL or trial.record.get("probe_of") is not None:
+            raise UsageError(f"trial {trial.id} is {trial.state}: attribute a finished trial")
+
+    def _one_at_a_time(self, measured: bool) -> Cost:
+        """Each edit alone: a start and a facts read each (and the known-good's restore), or,
+        for a measured effect, a trial each as costly as the one attributed."""
+        n = len(self.edits)
+        if not measured:
+            return Cost(restarts=n + 1, load_s=0.0)
+        each = ledger_cost(self.s, self.trial.id)
+        return Cost(restarts=n * each.restarts, load_s=round(n * each.load_s, 1))
+
+    def _bound(self, restarts: int) -> bool:
+        """Whether `restarts` more fit the policy's bounds; else why the search stops."""
+        policy = self.s.project.policy
+        if self.used.restarts + restarts > policy.attribution_max_restarts:
+            self.stopped = f"bound: {policy.attribution_max_restarts} restarts"
+        elif time.monotonic() - self.began > policy.attribution_max_seconds:
+            self.stopped = f"bound: {policy.attribution_max_seconds:g} s"
+        return self.stopped is None
+
+    def _leave(self, search: FactSearch) -> None:
+        self.found.culprits.update(search.found)
+        self.found.unsettled.update(search.unsettled())
+
+    def _subset(self, subset: Subset) -> Change:
+        return Change(edits=[self.edits[i] for i in sorted(subset)])
+
+    def _label(self, subset: Subset) -> str:
+        return "edits " + ", ".join(str(i + 1) for i in sorted(subset))
+
+    # restarts with no load: the facts of subsets
+
+    async def _search_facts(self, search: FactSearch, spec: LaunchSpec, before: Facts) -> None:
+        reads: dict[Subset, FactsDiff] = {}
+        journal: Journal | None = None
+        try:
+            while (subset := search.next()) is not None and self._bound(1):
+                if journal is None:
+                    journal = self._open_journal()
+                search.observe(subset, await self._read(journal, subset, spec, before, reads))
+        except BaseException as e:
+            if journal is not None:
+                await self._restore(journal, f"interrupted ({type(e).__name__})")
+            raise
+        if journal is not None:
+            await self._restore(journal, "searched")
+        self._leave(search)
+        whole = self.trial.diff
+        for effect, culprits in search.found.items():
+            for i in culprits.alone:
+                diff = reads.get(frozenset({i}))
+                where = "a start with only this edit" if diff is not None else (
+                    f"trial {self.trial.id}: the only edit that can move a fact")  # fmt: skip
+                if (diff := diff or whole) is not None:
+                    said = f"{_said(effect, diff)} ({where})"
+                    self.found.said.setdefault(effect, {})[i] = said
+
+    def _open_journal(self) -> Journal:
+        s, trial = self.s, self.trial
+        trial_id = s.ledger.start_trial(s.target.name, trial.change, trial.baseline_gen)
+        self.journals.append(trial_id)
+        journal = Journal(s, trial_id, {"attribution_of": trial.id})
+        journal.step(TrialState.PREFLIGHTED, f"attribution of trial {trial.id}", record_json={})
+        return journal
+
+    async def _read(
+        self,
+        journal: Journal,
+        subset: Subset,
+        spec: LaunchSpec,
+        before: Facts,
+        reads: dict[Subset, FactsDiff],
+    ) -> set[str]:
+        """Start the known-good with `subset` of the edits, read its facts: the effects."""
+        s = self.s
+        checked = await s.check_change(spec, self._subset(subset))
+        gen = s.ledger.record_generation(
+            s.target.name, checked.candidate.text, note=f"attribution of trial {self.trial.id}"
+        )
+        journal.step(
+            TrialState.INSTALLING, f"generation {gen.id}: {self._label(subset)}",
+            candidate_gen=gen.id,
+        )  # fmt: skip
+        await s.target.install_spec(checked.candidate)
+        journal.step(TrialState.RESTARTING, self._label(subset))
+        self.used.restarts += 1
+        try:
+            facts = await s.restart_and_read()
+        except ServerNotReadyError as e:
+            s.notify("facts", f"{self._label(subset)}: did not start: {e}")
+            return {"start:fails"}
+        reads[subset] = diff = diff_facts(before, facts, checked.named_settings)
+        shown = fact_effects(diff, s.engine.capacity_tolerance_pct)
+        journal.step(
+            TrialState.FACTS,
+            f"{self._label(subset)}: " + (", ".join(sorted(map(describe, shown))) or "no effect"),
+            record_json={"subset": sorted(subset), "diff": diff.model_dump()},
+        )
+        return shown
+
+    async def _restore(self, journal: Journal, why: str) -> None:
+        """Back to the known-good, verified: the journal closes reverted."""
+        s, good = self.s, self.s.ledger.generation(self.trial.baseline_gen)
+        with contextlib.suppress(Exception):
+            journal.step(TrialState.REVERTING, f"{why}: restoring generation {good.id}")
+        restore = await asyncio.shield(s.restore(good))
+        self.used.restarts += 1
+        journal.step(TrialState.REVERTED, restore_detail(restore), finished_at=time.time())
+        if not restore.verified:
+            raise RollbackError(
+                f"restored generation {good.id} but its facts differ: "
+                + "; ".join(restore.mismatches)
+            )
+
+    # measured effects last: probe trials of subsets
+
+    async def _search_measured(self, search: FactSearch) -> None:
+        from flagtrial.trial import Trial  # the trial imports the session's whole loop
+
+        each = ledger_cost(self.s, self.trial.id).restarts
+        (effect,) = search.effects
+        while (subset := search.next()) is not None and self._bound(each):
+            outcome = await Trial(self.s, self._subset(subset), probe_of=self.trial.id).run()
+            self.journals.append(outcome.trial_id)
+            cost = ledger_cost(self.s, outcome.trial_id)
+            self.used = Cost(
+                restarts=self.used.restarts + cost.restarts,
+                load_s=round(self.used.load_s + cost.load_s, 1),
+            )
+            finding = outcome.verdict.finding
+            shown = {f"measured:{finding}"} if f"measured:{finding}" == effect else set()
+            search.observe(subset, shown)
+            if shown and len(subset) == 1:
+                lead = outcome.verdict.reasons[0].message
+                said = f"{lead} (trial {outcome.trial_id}, this edit alone)"
+                self.found.said.setdefault(effect, {})[next(iter(subset))] = said
+        self._leave(search)
+        for i in search.found[effect].alone - self.found.said.get(effect, {}).keys():
+            lead = self.trial.reasons[0].message if self.trial.reasons else describe(effect)
+            said = f"{lead} (trial {self.trial.id}: the only edit that can act)"
+            self.found.said.setdefault(effect, {})[i] = said

@@ -1,0 +1,167 @@
+"""Attribution on a real llama-server under the process target: which edit of a reverted
+change did it, in fewer restarts than one per edit, journaled, recovered when killed, and the
+fixed change tried in one command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flagtrial.demo import free_port, write_unit
+from flagtrial.ledger import Ledger
+from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
+from harness.project import write_project_file
+
+pytestmark = pytest.mark.slow
+
+
+class Server:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.file = root / "flagtrial.toml"
+        self.unit = root / "llama.service"
+
+    def cli(self, *args: str, faults: str | None = None) -> subprocess.CompletedProcess[str]:
+        return cli(self.file, *args, faults=faults)
+
+    def json(self, *args: str) -> dict[str, Any]:
+        result = self.cli(*args, "--json")
+        assert result.returncode in (0, 10, 11), result.stdout + result.stderr
+        return dict(json.loads(result.stdout[result.stdout.index("{\n") :]))
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.root / ".flagtrial" / "ledger.db")
+
+    def stop(self) -> None:
+        asyncio.run(ProcessTarget(self.unit, self.root / ".flagtrial" / "process").stop())
+
+
+@pytest.fixture
+def server(tmp_path: Path, llama_server_bin: Path, small_model: Path) -> Iterator[Server]:
+    """8 slots of 1024 tokens; a capacity loss reverts at once, after the known-good's runs
+    (counted on a busy machine: only the candidate's facts decide here)."""
+    port = free_port()
+    s = Server(tmp_path)
+    write_unit(s.unit, llama_server_bin, small_model, port)
+    write_project_file(
+        s.file,
+        f'unit = "llama.service"\nendpoint = "http://127.0.0.1:{port}"\nready_timeout_s = 30\n'
+        "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 8\n"
+        "requests_per_run = 4\nwarmup_requests = 1\nrun_timeout_s = 60\n"
+        '[policy]\nruns = 2\ncapacity_guard = "revert"\nset_aside_disturbed = false\n',
+    )
+    yield s
+    s.stop()
+
+
+def by_edit(attribution: dict[str, Any]) -> dict[str, tuple[str, list[str]]]:
+    return {
+        f"{v['edit']['op']} {v['edit']['name']}": (v["outcome"], v["evidence"])
+        for v in attribution["edits"]
+    }
+
+
+def test_the_demo_change_is_attributed_without_a_restart(server: Server) -> None:
+    """The seed story's two flags: `--cont-batching` is what llama-server runs anyway (its
+    --help), so only `--parallel -1` can carry the capacity loss: no restart to find it."""
+    before = server.unit.read_bytes()
+    out = server.json("trial", "--add", "--cont-batching", "--set", "--parallel=-1", "--attribute")
+    assert out["verdict"]["decision"] == "REVERT"
+    found = by_edit(out["attribution"])
+    outcome, evidence = found["add --cont-batching"]
+    assert outcome == "useless"
+    assert evidence == [
+        "--cont-batching is what the known-good already runs "
+        "(llama-server --help: default: enabled)"
+    ]
+    outcome, evidence = found["set --parallel"]
+    assert outcome == "harmful"
+    assert any(e.startswith("concurrent requests 8 -> 4 (-50.0 %)") for e in evidence), evidence
+    assert any("kv_unified" in e for e in evidence), evidence  # the implicit change, too
+    assert out["attribution"]["used"] == {"restarts": 0, "load_s": 0.0}
+    assert out["attribution"]["one_at_a_time"]["restarts"] == 3
+    assert server.unit.read_bytes() == before
+    # The fixed change, in one command: only --cont-batching is left to try.
+    tried = server.cli("trial", "--from-attribution", "1")
+    assert tried.returncode in (0, 10, 11), tried.stdout + tried.stderr
+    trials = server.ledger().trials()
+    assert trials[-1].change == {"edits": [{"op": "add", "name": "--cont-batching", "value": None}]}
+
+
+def test_restarts_with_no_load_find_the_culprit_among_the_rest(server: Server) -> None:
+    """Three edits, one inert by --help: the other two are started one at a time (2 restarts
+    and the known-good's restore, against 4 one edit at a time); the alias moves nothing,
+    `--parallel 4` carries both capacity moves. Every restart is journaled."""
+    before = server.unit.read_bytes()
+    out = server.json(
+        "trial", "--set", "--alias=renamed", "--set", "--parallel=4", "--add", "--cont-batching"
+    )
+    assert out["verdict"]["decision"] == "REVERT"
+    attributed = server.json("attribute", str(out["trial_id"]))
+    found = by_edit(attributed)
+    assert found["set --alias"][0] == "useless"
+    assert found["add --cont-batching"][0] == "useless"
+    outcome, evidence = found["set --parallel"]
+    assert outcome == "harmful"
+    assert any(
+        e.startswith("concurrent requests 8 -> 4 (-50.0 %)")
+        and e.endswith("(a start with only this edit)")
+        for e in evidence
+    ), evidence
+    assert attributed["used"]["restarts"] == 3
+    assert attributed["one_at_a_time"]["restarts"] == 4
+    assert attributed["used"]["restarts"] < attributed["one_at_a_time"]["restarts"]
+    assert server.unit.read_bytes() == before
+    (journal,) = attributed["journals"]
+    row = server.ledger().trial(journal)
+    assert row.state == "reverted"
+    assert row.record["attribution_of"] == out["trial_id"]
+    states = [e.state for e in server.ledger().events(journal)]
+    assert states.count("restarting") == 2 and states[-1] == "reverted"
+    shown = server.ledger().attribution(out["trial_id"])
+    assert shown is not None and shown["edits"] == attributed["edits"]
+
+
+def test_killed_mid_attribution_recovers_to_the_known_good(server: Server) -> None:
+    before = server.unit.read_bytes()
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "--parallel=4")
+    killed = server.cli("attribute", str(out["trial_id"]), faults="facts=KILL")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    assert server.unit.read_bytes() != before  # a subset was serving when it died
+    recovered = server.cli("recover")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert server.unit.read_bytes() == before
+    journal = server.ledger().trials()[-1]
+    assert journal.record["attribution_of"] == out["trial_id"]
+    assert journal.state == "recovered"
+    assert server.ledger().attribution(out["trial_id"]) is None  # no result from a killed one
+
+
+def test_interrupted_attribution_restores_and_exits_130(server: Server) -> None:
+    before = server.unit.read_bytes()
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "--parallel=4")
+    stopped = server.cli("attribute", str(out["trial_id"]), faults="facts=INT")
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    assert server.unit.read_bytes() == before
+    journal = server.ledger().trials()[-1]
+    assert journal.state == "reverted"
+    assert "interrupted" in [e.detail for e in server.ledger().events(journal.id)][-2]
+
+
+def test_what_cannot_be_attributed_is_refused_in_one_line(server: Server) -> None:
+    out = server.json("trial", "--set", "--parallel=4")
+    one = server.cli("attribute", str(out["trial_id"]))
+    assert one.returncode == 2 and "nothing to attribute" in one.stderr, one.stderr
+    missing = server.cli("attribute", "99")
+    assert missing.returncode == 2 and "no trial 99" in missing.stderr, missing.stderr
+    never = server.cli("trial", "--from-attribution", str(out["trial_id"]))
+    assert never.returncode == 2 and "never attributed" in never.stderr, never.stderr
+    both = server.cli("trial", "--from-attribution", "1", "--set", "--parallel=2")
+    assert both.returncode == 2 and "no edits" in both.stderr, both.stderr
