@@ -17,7 +17,7 @@ from flagtrial.demo import free_port, write_unit
 from flagtrial.ledger import Ledger
 from flagtrial.targets.process import ProcessTarget
 from harness.cli import cli
-from harness.project import write_project_file
+from harness.project import update_project_file, write_project_file
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +165,35 @@ def test_what_cannot_be_attributed_is_refused_in_one_line(server: Server) -> Non
     assert never.returncode == 2 and "never attributed" in never.stderr, never.stderr
     both = server.cli("trial", "--from-attribution", "1", "--set", "--parallel=2")
     assert both.returncode == 2 and "no edits" in both.stderr, both.stderr
+
+
+def test_a_measured_harm_is_attributed_by_probe_trials(
+    server: Server, small_model: Path, tiny_model: Path
+) -> None:
+    """No fact moves: the REVERT is measured (16-token batches make 200-word prompts' prefill
+    several times slower). Each candidate edit is probed by a trial of its own, never kept:
+    the alias shows nothing, the batch size the harm, with its interval."""
+    text = server.unit.read_text().replace(str(small_model), str(tiny_model))
+    server.unit.write_text(text.replace("--threads 1", "--threads 1 -b 512 -ub 512"))
+    before = server.unit.read_bytes()
+    update_project_file(
+        server.file, workload={"prompt_words": 200, "max_tokens": 8}, policy={"max_seconds": 90}
+    )
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16", "--attribute")
+    assert out["verdict"]["decision"] == "REVERT", out["verdict"]["reasons"]
+    assert out["verdict"]["finding"] == "harm"
+    attributed = out["attribution"]
+    found = by_edit(attributed)
+    assert found["set --alias"][0] == "useless"
+    outcome, evidence = found["set -ub"]
+    assert outcome == "harmful"
+    assert any("this edit alone" in e and "output tok/s" in e for e in evidence), evidence
+    probes = attributed["journals"]
+    assert len(probes) == 2  # one probe per candidate edit, no fact restarts
+    ledger = server.ledger()
+    for probe in probes:
+        row = ledger.trial(probe)
+        assert row.record["probe_of"] == out["trial_id"]
+        assert row.state == "reverted"
+    assert attributed["used"]["load_s"] > 0
+    assert server.unit.read_bytes() == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -373,6 +374,12 @@ def test_demo_reaches_revert_with_verified_restore(tmp_path: Path) -> None:
     assert "REVERT trial 1" in result.stdout
     assert "concurrent requests 8 -> 4 (-50.0 %)" in result.stdout
     assert "restored generation 1, verified" in result.stdout
+    # attributed with no restart: --cont-batching is llama-server's default (its --help)
+    assert "attribution of trial 1" in result.stdout
+    assert re.search(r"add --cont-batching\s*.\s*useless", result.stdout), result.stdout
+    assert re.search(r"set --parallel -1\s*.\s*harmful", result.stdout), result.stdout
+    assert "spent 0 restarts and 0 s of load" in result.stdout
+    assert "flagtrial trial --from-attribution 1" in result.stdout
     # the demo stops its server: nothing is left running
     pid = json.loads((tmp_path / "demo" / ".flagtrial" / "process" / "server.json").read_text())
     assert not Path(f"/proc/{pid['pid']}").exists()

@@ -96,7 +96,10 @@ class Policy(BaseModel):
         0.5, gt=0, le=1, description="more disturbed runs than this: too busy to measure"
     )
     attribution_max_restarts: int = Field(
-        12, ge=0, description="bound: restarts one attribution may spend, its trials' included"
+        40,
+        ge=0,
+        description="bound: restarts one attribution may spend, its probe trials' included "
+        "(checked before each restart or probe)",
     )
     attribution_max_seconds: float = Field(
         3600.0, gt=0, description="bound: wall seconds of one attribution"

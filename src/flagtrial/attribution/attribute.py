@@ -96,6 +96,11 @@ class Attribute:
         settled = settled_without_restart(trial, self.edits, spec.argv, schema)
         candidates = frozenset(range(len(self.edits))) - settled.keys()
         facts, measured = trial_effects(trial, s.engine.capacity_tolerance_pct)
+        if not facts and measured is None:
+            raise UsageError(
+                f"trial {trial.id} showed nothing to attribute: no capacity or setting its "
+                "candidate moved, no measured gain or harm"
+            )
         await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
         if measured is not None:
             await self._search_measured(FactSearch({measured}, candidates))
@@ -126,10 +131,11 @@ class Attribute:
         each = ledger_cost(self.s, self.trial.id)
         return Cost(restarts=n * each.restarts, load_s=round(n * each.load_s, 1))
 
-    def _bound(self, restarts: int) -> bool:
-        """Whether `restarts` more fit the policy's bounds; else why the search stops."""
+    def _bound(self) -> bool:
+        """Whether the policy's bounds leave room for another read; else why the search stops
+        (a probe trial's own bounds are the policy's as for any trial)."""
         policy = self.s.project.policy
-        if self.used.restarts + restarts > policy.attribution_max_restarts:
+        if self.used.restarts >= policy.attribution_max_restarts:
             self.stopped = f"bound: {policy.attribution_max_restarts} restarts"
         elif time.monotonic() - self.began > policy.attribution_max_seconds:
             self.stopped = f"bound: {policy.attribution_max_seconds:g} s"
@@ -151,7 +157,7 @@ class Attribute:
         reads: dict[Subset, FactsDiff] = {}
         journal: Journal | None = None
         try:
-            while (subset := search.next()) is not None and self._bound(1):
+            while (subset := search.next()) is not None and self._bound():
                 if journal is None:
                     journal = self._open_journal()
                 search.observe(subset, await self._read(journal, subset, spec, before, reads))
@@ -234,9 +240,8 @@ class Attribute:
     async def _search_measured(self, search: FactSearch) -> None:
         from flagtrial.trial import Trial  # the trial imports the session's whole loop
 
-        each = ledger_cost(self.s, self.trial.id).restarts
         (effect,) = search.effects
-        while (subset := search.next()) is not None and self._bound(each):
+        while (subset := search.next()) is not None and self._bound():
             outcome = await Trial(self.s, self._subset(subset), probe_of=self.trial.id).run()
             self.journals.append(outcome.trial_id)
             cost = ledger_cost(self.s, outcome.trial_id)
@@ -247,10 +252,14 @@ class Attribute:
             finding = outcome.verdict.finding
             shown = {f"measured:{finding}"} if f"measured:{finding}" == effect else set()
             search.observe(subset, shown)
-            if shown and len(subset) == 1:
+            if len(subset) == 1:
                 lead = outcome.verdict.reasons[0].message
                 said = f"{lead} (trial {outcome.trial_id}, this edit alone)"
-                self.found.said.setdefault(effect, {})[next(iter(subset))] = said
+                (i,) = subset
+                if shown:
+                    self.found.said.setdefault(effect, {})[i] = said
+                else:
+                    self.found.notes.setdefault(i, []).append(said)
         self._leave(search)
         for i in search.found[effect].alone - self.found.said.get(effect, {}).keys():
             lead = self.trial.reasons[0].message if self.trial.reasons else describe(effect)

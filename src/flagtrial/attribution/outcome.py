@@ -56,6 +56,8 @@ class Found:
     culprits: dict[str, Culprits] = field(default_factory=dict)
     unsettled: dict[str, set[int]] = field(default_factory=dict)
     said: dict[str, dict[int, str]] = field(default_factory=dict)
+    # what else was measured of edit i alone (a probe that showed none of the effects)
+    notes: dict[int, list[str]] = field(default_factory=dict)
 
 
 def judge(
@@ -86,6 +88,7 @@ def _judged(i: int, edit: Edit, found: Found) -> EditVerdict:
     evidence += [f"{describe(e)} only together with edit(s) {', '.join(map(str, others))}"
                  for e, others in together]  # fmt: skip
     evidence += [f"{describe(e)}: not settled for this edit" for e in unsettled]
+    evidence += found.notes.get(i, [])
     outcome: EditOutcome
     if by_way["harm"]:
         outcome = "harmful"
@@ -97,5 +100,5 @@ def _judged(i: int, edit: Edit, found: Found) -> EditVerdict:
         outcome = "beneficial"
     else:
         outcome = "useless"
-        evidence.append("no effect of the change follows this edit")
+        evidence.append("none of the change's effects follows this edit")
     return EditVerdict(index=i, edit=edit, outcome=outcome, evidence=evidence)
