@@ -273,7 +273,7 @@ def show_attribution(a: Attribution) -> None:
         console.print(f"[yellow]stopped early[/yellow]: {a.stopped}")
     fixed = a.fixed()
     if fixed is not None:
-        console.print("fixed change (the harmless and beneficial edits):")
+        console.print("fixed change (without the harmful and interacting edits):")
         for line in fixed.describe().splitlines():
             console.print(f"  {secrets.text(line)}", markup=False)
         console.print(f"try it: flagtrial trial --from-attribution {a.trial_id}")

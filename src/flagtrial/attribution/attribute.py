@@ -101,6 +101,8 @@ class Attribute:
                 f"trial {trial.id} showed nothing to attribute: no capacity or setting its "
                 "candidate moved, no measured gain or harm"
             )
+        if (trial.record.get("verdict") or {}).get("finding") == "equivalent":
+            self.found.equivalent |= candidates
         await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
         if measured is not None:
             await self._search_measured(FactSearch({measured}, candidates))
@@ -260,6 +262,8 @@ class Attribute:
                     self.found.said.setdefault(effect, {})[i] = said
                 else:
                     self.found.notes.setdefault(i, []).append(said)
+                if finding == "equivalent":
+                    self.found.equivalent.add(i)
         self._leave(search)
         for i in search.found[effect].alone - self.found.said.get(effect, {}).keys():
             lead = self.trial.reasons[0].message if self.trial.reasons else describe(effect)

@@ -14,7 +14,7 @@ from flagtrial.attribution.search import Culprits
 from flagtrial.launch.change import Change, Edit
 
 EditOutcome = Literal["harmful", "useless", "beneficial", "interacting", "unresolved"]
-_KEPT: frozenset[EditOutcome] = frozenset({"useless", "beneficial"})
+_KEPT: frozenset[EditOutcome] = frozenset({"useless", "beneficial", "unresolved"})
 
 
 class EditVerdict(BaseModel):
@@ -42,8 +42,8 @@ class Attribution(BaseModel):
     stopped: str | None  # why a search stopped before its end
 
     def fixed(self) -> Change | None:
-        """The change made of the harmless and beneficial edits (None when none is left, or
-        all are: the trial's own change)."""
+        """The change without its harmful and interacting edits, to try (None when none is
+        left, or all are: the trial's own change)."""
         kept = [v.edit for v in self.edits if v.outcome in _KEPT]
         return Change(edits=kept) if kept and len(kept) < len(self.edits) else None
 
@@ -58,6 +58,8 @@ class Found:
     said: dict[str, dict[int, str]] = field(default_factory=dict)
     # what else was measured of edit i alone (a probe that showed none of the effects)
     notes: dict[int, list[str]] = field(default_factory=dict)
+    # edits measured to do nothing within the margin (the trial's own interval, or a probe)
+    equivalent: set[int] = field(default_factory=set)
 
 
 def judge(
@@ -98,7 +100,10 @@ def _judged(i: int, edit: Edit, found: Found) -> EditVerdict:
         outcome = "unresolved"
     elif by_way["gain"]:
         outcome = "beneficial"
-    else:
+    elif i in found.equivalent:
         outcome = "useless"
-        evidence.append("none of the change's effects follows this edit")
+        evidence.append("none of the change's effects follows it; no measured effect")
+    else:
+        outcome = "unresolved"
+        evidence.append("none of the change's effects follows it; its own speed not measured")
     return EditVerdict(index=i, edit=edit, outcome=outcome, evidence=evidence)

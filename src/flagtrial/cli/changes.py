@@ -59,7 +59,7 @@ def trial(
         typer.Option(
             "--from-attribution",
             metavar="TRIAL",
-            help="try the harmless and beneficial edits of attributed trial TRIAL",
+            help="try attributed trial TRIAL's change without its harmful and interacting edits",
         ),
     ] = None,
 ) -> None:
@@ -101,7 +101,7 @@ def trial(
 
 
 def fixed_change(session: Session, trial_id: int) -> Change:
-    """The harmless and beneficial edits the latest attribution of `trial_id` found."""
+    """The change the latest attribution of `trial_id` leaves: no harmful or interacting edit."""
     from flagtrial.attribution.outcome import Attribution
 
     stored = session.ledger.attribution(trial_id)
@@ -113,7 +113,7 @@ def fixed_change(session: Session, trial_id: int) -> Change:
     if fixed is None:
         raise UsageError(
             f"the attribution of trial {trial_id} leaves no change to try: every edit "
-            "was harmful, interacting or unresolved, or every edit was harmless"
+            "was harmful or interacting, or none was (the trial's own change)"
         )
     ui.secrets.learn_change(fixed.edits)
     return fixed

@@ -1,0 +1,163 @@
+"""Attribution on a real llama-server: changes of 2 to 6 edits of known effect, each tried
+as a trial and then attributed (flagtrial.attribution); how often the culprits are found,
+the restarts and load-seconds spent, against one edit at a time.
+
+The edits and their known effects on the known-good (8 slots of 1024 tokens, a 8192-token
+context, 512-token batches, a tiny generated model, 200-word prompts):
+  --parallel 4        harmful: half the concurrent requests (capacity, from /props)
+  --ctx-size 4096     harmful: half the KV cache (capacity, from the startup log)
+  --ubatch-size 16    harmful: prefill several times slower (measured)
+  --alias bench       useless: a label the server only reports back
+  --timeout 700       useless: the HTTP read/write timeout
+  --cont-batching     useless: llama-server's default (its --help), settled without a restart
+The cases were written down before the first run and not changed after it. Runs are counted
+even when other work shares the cores (set_aside_disturbed = false): this 2-core machine is
+never idle while it runs.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/attribution/run.py
+Writes results.json and results.md next to this file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flagtrial.attribution.attribute import Attribute, ledger_cost
+from flagtrial.cache import cache_root, llama_server_path
+from flagtrial.demo import free_port, write_unit
+from flagtrial.launch.change import Change, Edit
+from flagtrial.modelgen import generate_model
+from flagtrial.session import Session
+from flagtrial.targets.process import ProcessTarget
+from flagtrial.trial import Trial
+
+HERE = Path(__file__).parent
+POOL: dict[str, tuple[Edit, str]] = {
+    "np4": (Edit(op="set", name="--parallel", value="4"), "harmful"),
+    "ctx4096": (Edit(op="set", name="--ctx-size", value="4096"), "harmful"),
+    "ub16": (Edit(op="set", name="--ubatch-size", value="16"), "harmful"),
+    "alias": (Edit(op="set", name="--alias", value="bench"), "useless"),
+    "timeout": (Edit(op="set", name="--timeout", value="700"), "useless"),
+    "cb": (Edit(op="add", name="--cont-batching"), "useless"),
+}
+CASES = [
+    ["cb", "np4"],  # the demo's shape: settled without a restart
+    ["alias", "np4"],
+    ["alias", "timeout", "np4"],
+    ["alias", "timeout", "cb", "ctx4096"],
+    ["alias", "np4", "timeout", "ctx4096"],
+    ["timeout", "alias", "cb", "np4", "ctx4096"],
+    ["alias", "timeout", "cb", "np4", "ctx4096", "ub16"],
+    ["alias", "ub16"],  # measured: probe trials
+    ["alias", "timeout", "cb", "ub16"],
+]
+PROJECT = """unit = "llama.service"
+endpoint = "http://127.0.0.1:{port}"
+ready_timeout_s = 30
+[workload]
+concurrency = [4]
+prompt_words = 200
+max_tokens = 8
+requests_per_run = 4
+warmup_requests = 1
+run_timeout_s = 60
+[policy]
+runs = 2
+capacity_guard = "revert"
+max_seconds = 90
+set_aside_disturbed = false
+"""
+
+
+def prepare(root: Path) -> Path:
+    port = free_port()
+    model = generate_model(cache_root() / "models" / "tiny.gguf", size="tiny", seed=1)
+    unit = root / "llama.service"
+    write_unit(unit, llama_server_path(), model, port)
+    unit.write_text(unit.read_text().replace("--threads 1", "--threads 1 -b 512 -ub 512"))
+    (root / "flagtrial.toml").write_text(PROJECT.format(port=port))
+    return root / "flagtrial.toml"
+
+
+async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
+    session = Session.open(project, lambda state, detail: None)
+    change = Change(edits=[POOL[n][0] for n in names])
+    began = time.monotonic()
+    try:
+        async with session.target.lock("benchmark"):
+            outcome = await Trial(session, change).run()
+            trial_cost = ledger_cost(session, outcome.trial_id)
+            attributed = await Attribute(session, outcome.trial_id).run()
+    finally:
+        assert isinstance(session.target, ProcessTarget)
+        await session.target.stop()
+        await session.close()
+    found = {n: v.outcome for n, v in zip(names, attributed.edits, strict=True)}
+    expected = {n: POOL[n][1] for n in names}
+    return {
+        "edits": names,
+        "verdict": outcome.verdict.decision,
+        "expected": expected,
+        "found": found,
+        "right": found == expected,
+        "culprits_found": {n for n in names if found[n] == "harmful"}
+        == {n for n in names if expected[n] == "harmful"},
+        "trial": trial_cost.model_dump(),
+        "used": attributed.used.model_dump(),
+        "one_at_a_time": attributed.one_at_a_time.model_dump(),
+        "stopped": attributed.stopped,
+        "wall_s": round(time.monotonic() - began, 1),
+    }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| edits | trial | per edit (found) | right | restarts (one at a time) "
+        "| load s (one at a time) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        per = ", ".join(f"{n}: {r['found'][n]}" for n in r["edits"])
+        used, naive = r["used"], r["one_at_a_time"]
+        lines.append(
+            f"| {len(r['edits'])} | {r['verdict']} | {per} | {'yes' if r['right'] else 'NO'} "
+            f"| {used['restarts']} ({naive['restarts']}) | {used['load_s']:g} "
+            f"({naive['load_s']:g}) |"
+        )
+    right = sum(r["right"] for r in results)
+    culprits = sum(r["culprits_found"] for r in results)
+    lines.append("")
+    lines.append(
+        f"{right} of {len(results)} changes attributed right edit by edit; culprits found in "
+        f"{culprits} of {len(results)}; restarts "
+        f"{sum(r['used']['restarts'] for r in results)} against "
+        f"{sum(r['one_at_a_time']['restarts'] for r in results)} one edit at a time; "
+        f"load {sum(r['used']['load_s'] for r in results):.1f} s against "
+        f"{sum(r['one_at_a_time']['load_s'] for r in results):.1f} s."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    results = []
+    for names in CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            project = prepare(Path(tmp))
+            results.append(asyncio.run(one_case(project, names)))
+            print(json.dumps({k: results[-1][k] for k in ("edits", "found", "used")}))
+    machine = {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+    (HERE / "results.json").write_text(
+        json.dumps({"machine": machine, "cases": results}, indent=1, default=sorted) + "\n"
+    )
+    (HERE / "results.md").write_text(table(results))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
