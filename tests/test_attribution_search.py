@@ -19,10 +19,22 @@ def drive(
     return search
 
 
-def test_one_culprit_among_eight_in_six_restarts() -> None:
+def test_one_culprit_among_eight_in_five_restarts() -> None:
     search = drive(8, lambda s: {"capacity"} if 5 in s else set())
     assert search.found["capacity"].alone == {5} and search.found["capacity"].together == []
-    assert search.restarts() == 6 < 8  # two halves at each of three levels
+    # {0-3} does not show it: {4-7} must carry it, unread; {4,5} does, {6,7} not (read: it
+    # could have carried it too); {4} does not: {5} is started alone to confirm it.
+    assert list(search.seen) == [
+        frozenset({0, 1, 2, 3}), frozenset({4, 5}), frozenset({6, 7}), frozenset({4}),
+        frozenset({5}),
+    ]  # fmt: skip
+
+
+def test_of_three_edits_the_last_costs_three_restarts_the_first_two() -> None:
+    last = drive(3, lambda s: {"capacity"} if 2 in s else set())
+    assert (last.found["capacity"].alone, last.restarts()) == ({2}, 3)
+    first = drive(3, lambda s: {"capacity"} if 0 in s else set())
+    assert (first.found["capacity"].alone, first.restarts()) == ({0}, 2)
 
 
 def test_a_lone_candidate_costs_no_restart() -> None:

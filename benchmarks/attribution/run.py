@@ -100,14 +100,22 @@ async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
         await session.close()
     found = {n: v.outcome for n, v in zip(names, attributed.edits, strict=True)}
     expected = {n: POOL[n][1] for n in names}
+    culprits = {n for n in names if expected[n] == "harmful"}
     return {
         "edits": names,
         "verdict": outcome.verdict.decision,
         "expected": expected,
         "found": found,
-        "right": found == expected,
-        "culprits_found": {n for n in names if found[n] == "harmful"}
-        == {n for n in names if expected[n] == "harmful"},
+        "culprits_found": sorted(n for n in culprits if found[n] == "harmful"),
+        # not found, but not cleared either: what it does was never measured
+        "culprits_unresolved": sorted(n for n in culprits if found[n] == "unresolved"),
+        # an edit given an effect it does not have, or a culprit cleared
+        "wrong": sorted(
+            n
+            for n in names
+            if (found[n] in ("harmful", "beneficial", "interacting")) != (n in culprits)
+            and found[n] != "unresolved"
+        ),
         "trial": trial_cost.model_dump(),
         "used": attributed.used.model_dump(),
         "one_at_a_time": attributed.one_at_a_time.model_dump(),
@@ -118,7 +126,7 @@ async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| edits | trial | per edit (found) | right | restarts (one at a time) "
+        "| edits | trial | per edit (found) | wrong | restarts (one at a time) "
         "| load s (one at a time) |",
         "|---|---|---|---|---|---|",
     ]
@@ -126,16 +134,18 @@ def table(results: list[dict[str, Any]]) -> str:
         per = ", ".join(f"{n}: {r['found'][n]}" for n in r["edits"])
         used, naive = r["used"], r["one_at_a_time"]
         lines.append(
-            f"| {len(r['edits'])} | {r['verdict']} | {per} | {'yes' if r['right'] else 'NO'} "
+            f"| {len(r['edits'])} | {r['verdict']} | {per} | {', '.join(r['wrong']) or '-'} "
             f"| {used['restarts']} ({naive['restarts']}) | {used['load_s']:g} "
             f"({naive['load_s']:g}) |"
         )
-    right = sum(r["right"] for r in results)
-    culprits = sum(r["culprits_found"] for r in results)
+    culprits = sum(1 for r in results for n in r["edits"] if r["expected"][n] == "harmful")
+    found = sum(len(r["culprits_found"]) for r in results)
+    unresolved = sum(len(r["culprits_unresolved"]) for r in results)
+    wrong = sum(len(r["wrong"]) for r in results)
     lines.append("")
     lines.append(
-        f"{right} of {len(results)} changes attributed right edit by edit; culprits found in "
-        f"{culprits} of {len(results)}; restarts "
+        f"culprits found {found} of {culprits} ({unresolved} left unresolved: never measured); "
+        f"wrong outcomes {wrong}; restarts "
         f"{sum(r['used']['restarts'] for r in results)} against "
         f"{sum(r['one_at_a_time']['restarts'] for r in results)} one edit at a time; "
         f"load {sum(r['used']['load_s'] for r in results):.1f} s against "
@@ -150,7 +160,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             project = prepare(Path(tmp))
             results.append(asyncio.run(one_case(project, names)))
-            print(json.dumps({k: results[-1][k] for k in ("edits", "found", "used")}))
+            print(json.dumps({k: results[-1][k] for k in ("edits", "found", "used")}), flush=True)
     machine = {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}
     (HERE / "results.json").write_text(
         json.dumps({"machine": machine, "cases": results}, indent=1, default=sorted) + "\n"
