@@ -205,3 +205,29 @@ def test_a_measured_harm_is_attributed_by_probe_trials(
         assert row.state == "reverted"
     assert attributed["used"]["load_s"] > 0
     assert server.unit.read_bytes() == before
+
+
+def test_a_kept_change_with_an_implicit_change_is_attributed_against_its_old_known_good(
+    server: Server,
+) -> None:
+    """Kept (a 60 % capacity loss allowed, INCONCLUSIVE kept by the policy), yet the server
+    moved a setting unasked: each edit is started on the spec the trial measured against,
+    and the kept candidate, the known-good now, is restored and verified after."""
+    policy = {"on_inconclusive": "keep", "capacity_loss_max_pct": 60, "max_seconds": 20}
+    update_project_file(server.file, policy=policy)
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "--parallel=16", "--attribute")
+    assert out["outcome"] == "kept", out["verdict"]["reasons"]
+    kept = server.unit.read_bytes()
+    assert b"--parallel 16" in kept
+    attributed = out["attribution"]
+    found = by_edit(attributed)
+    outcome, evidence = found["set --parallel"]
+    assert outcome == "harmful"  # twice the requests, each half the context
+    assert any(e.startswith("context per request 1024 -> 512 (-50.0 %)") for e in evidence)
+    assert any(e.startswith("concurrent requests 8 -> 16 (+100.0 %)") for e in evidence)
+    assert any(e.startswith("n_ctx_slot: 1024 -> 512") for e in evidence), evidence
+    assert found["set --alias"][0] in ("useless", "unresolved")
+    assert server.unit.read_bytes() == kept  # back on the kept candidate
+    (journal,) = attributed["journals"]
+    row = server.ledger().trial(journal)
+    assert row.baseline_gen == out["candidate_gen"] and row.state == "reverted"

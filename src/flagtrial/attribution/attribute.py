@@ -81,17 +81,18 @@ class Attribute:
         self.journals: list[int] = []
         self.stopped: str | None = None
         self.began = time.monotonic()
+        self.restore_to = self.trial.baseline_gen  # the known-good that serves, once read
 
     async def run(self) -> Attribution:
         s, trial = self.s, self.trial
         self._check()
-        good, spec, facts_before = await s.known_good()
-        if good.id != trial.baseline_gen:
-            raise UsageError(
-                f"trial {trial.id} was measured against generation {trial.baseline_gen}, but "
-                f"the known-good is now generation {good.id}: attribute a trial of the "
-                "known-good that serves"
-            )
+        good, serving, _ = await s.known_good()
+        self.restore_to = good.id
+        # Subsets are started on the spec the trial measured against, and read against the
+        # facts it found there, whether or not that spec still serves (a kept trial).
+        base = s.ledger.generation(trial.baseline_gen)
+        spec = LaunchSpec(kind=serving.kind, text=base.spec_text, dropin=serving.dropin)
+        facts_before = Facts.model_validate(trial.record["facts_before"])
         schema = await s.engine.flag_schema(s.target, spec.program)
         settled = settled_without_restart(trial, self.edits, spec.argv, schema)
         candidates = frozenset(range(len(self.edits))) - settled.keys()
@@ -104,8 +105,15 @@ class Attribute:
         if (trial.record.get("verdict") or {}).get("finding") == "equivalent":
             self.found.equivalent |= candidates
         await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
-        if measured is not None:
+        if measured is not None and good.id == trial.baseline_gen:
             await self._search_measured(FactSearch({measured}, candidates))
+        elif measured is not None:
+            # A probe trial measures against the known-good that serves: not the trial's.
+            self.found.unsettled[measured] = set(candidates)
+            self.stopped = (
+                f"measured effects are probed against the known-good trial {trial.id} measured "
+                f"against (generation {trial.baseline_gen}); generation {good.id} serves now"
+            )
         result = Attribution(
             trial_id=trial.id,
             edits=judge(self.edits, settled, self.found),
@@ -121,8 +129,13 @@ class Attribute:
         trial = self.trial
         if len(self.edits) < 2:
             raise UsageError(f"trial {trial.id} has {len(self.edits)} edit: nothing to attribute")
-        if trial.state not in FINAL or trial.record.get("probe_of") is not None:
+        if trial.state not in FINAL:
             raise UsageError(f"trial {trial.id} is {trial.state}: attribute a finished trial")
+        if (
+            "facts_before" not in trial.record
+            or {"probe_of", "attribution_of"} & trial.record.keys()
+        ):
+            raise UsageError(f"trial {trial.id} is not a trial of a change that was measured")
 
     def _one_at_a_time(self, measured: bool) -> Cost:
         """Each edit alone: a start and a facts read each (and the known-good's restore), or,
@@ -182,7 +195,8 @@ class Attribute:
 
     def _open_journal(self) -> Journal:
         s, trial = self.s, self.trial
-        trial_id = s.ledger.start_trial(s.target.name, trial.change, trial.baseline_gen)
+        # its baseline is the known-good that serves: what a recovery restores
+        trial_id = s.ledger.start_trial(s.target.name, trial.change, self.restore_to)
         self.journals.append(trial_id)
         journal = Journal(s, trial_id, {"attribution_of": trial.id})
         journal.step(TrialState.PREFLIGHTED, f"attribution of trial {trial.id}", record_json={})
@@ -225,7 +239,7 @@ class Attribute:
 
     async def _restore(self, journal: Journal, why: str) -> None:
         """Back to the known-good, verified: the journal closes reverted."""
-        s, good = self.s, self.s.ledger.generation(self.trial.baseline_gen)
+        s, good = self.s, self.s.ledger.generation(self.restore_to)
         with contextlib.suppress(Exception):
             journal.step(TrialState.REVERTING, f"{why}: restoring generation {good.id}")
         restore = await asyncio.shield(s.restore(good))
@@ -239,12 +253,26 @@ class Attribute:
 
     # measured effects last: probe trials of subsets
 
+    def _probe_session(self) -> Session:
+        """The session a probe runs in: a probe asks whether a subset carries the trial's
+        effect, so it may stop at "no effect" once its interval lies within half that effect
+        (never finer than the policy's own margin)."""
+        s = self.s
+        pct = self.trial.reasons[0].values.get("pct") if self.trial.reasons else None
+        policy = s.project.policy
+        margin = round(max(policy.equivalence_margin_pct, abs(float(pct or 0.0)) / 2), 1)
+        project = s.project.model_copy(
+            update={"policy": policy.model_copy(update={"equivalence_margin_pct": margin})}
+        )
+        return Session(project, s.target, s.engine, s.ledger, s.notify, s.progress)
+
     async def _search_measured(self, search: FactSearch) -> None:
         from flagtrial.trial import Trial  # the trial imports the session's whole loop
 
         (effect,) = search.effects
+        probing = self._probe_session()
         while (subset := search.next()) is not None and self._bound():
-            outcome = await Trial(self.s, self._subset(subset), probe_of=self.trial.id).run()
+            outcome = await Trial(probing, self._subset(subset), probe_of=self.trial.id).run()
             self.journals.append(outcome.trial_id)
             cost = ledger_cost(self.s, outcome.trial_id)
             self.used = Cost(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from flagtrial.launch.change import Change
     from flagtrial.preflight import PreflightReport
     from flagtrial.session import Session
+    from flagtrial.trial import TrialOutcome
 
 
 @app.command()
@@ -80,7 +81,7 @@ def trial(
             async with session.target.lock("flagtrial trial"):
                 outcome = await Trial(session, tried, force=force).run()
                 attributed = None
-                if attribute and outcome.outcome != "kept" and len(tried.edits) > 1:
+                if attribute and len(tried.edits) > 1 and attributable(outcome):
                     from flagtrial.attribution.attribute import Attribute
 
                     attributed = await Attribute(session, outcome.trial_id).run()
@@ -98,6 +99,13 @@ def trial(
             return EXIT_VERDICT[outcome.verdict.decision]
 
     raise typer.Exit(run(body))
+
+
+def attributable(outcome: TrialOutcome) -> bool:
+    """Not kept, or kept with a capacity loss or a setting the server moved on its own."""
+    diff = outcome.diff
+    moved = diff is not None and (diff.worst_capacity_loss() is not None or bool(diff.implicit))
+    return outcome.outcome != "kept" or moved
 
 
 def fixed_change(session: Session, trial_id: int) -> Change:
