@@ -132,6 +132,8 @@ def test_restarts_with_no_load_find_the_culprit_among_the_rest(server: Server) -
     assert states.count("restarting") == 2 and states[-1] == "reverted"
     shown = server.ledger().attribution(out["trial_id"])
     assert shown is not None and shown["edits"] == attributed["edits"]
+    history = server.cli("history")
+    assert f"reverted (attribution of {out['trial_id']})" in history.stdout, history.stdout
 
 
 def test_killed_mid_attribution_recovers_to_the_known_good(server: Server) -> None:
