@@ -50,9 +50,15 @@ def test_two_effects_from_two_edits_share_the_reads() -> None:
     search = drive(4, shows)
     assert search.found["capacity"].alone == {0}
     assert search.found["implicit:kv_unified"].alone == {3}
-    # The two halves once for both effects, then each effect's own half split: 6 reads (one
-    # edit at a time would take 4: halving pays where culprits are few among many edits).
-    assert search.restarts() == 6
+    # Two effects among four edits: halving would read 6 subsets, each edit alone takes 4.
+    assert list(search.seen) == [frozenset({i}) for i in range(4)]
+
+
+def test_with_as_many_effects_as_edits_no_edit_alone_is_an_interaction() -> None:
+    search = drive(3, lambda s: {"a", "b"} if {0, 2} <= s else set())
+    assert search.restarts() == 3
+    assert search.found["a"].together == [frozenset({0, 1, 2})]
+    assert search.found["b"].alone == set()
 
 
 def test_an_effect_only_two_edits_make_together_is_an_interaction() -> None:

@@ -8,7 +8,8 @@ alone; a half that shows it is searched on, and the second half is started too (
 the effect as well); when the first half does not show it, the second must carry it, and is
 split without a read of its own. A group of one taken that way is started to confirm it:
 when it does not show the effect, only edits together do (an interaction), named by the
-last group a read showed it in. Every read serves every effect (its result is kept by
+last group a read showed it in. With about as many effects as edits, each edit is started
+alone instead. Every read serves every effect (its result is kept by
 subset), and a group of one read as part of the whole trial needs no restart. Edits that
 cannot touch a fact (a flag set to the value the engine takes anyway) are left out before
 the search starts.
@@ -16,6 +17,7 @@ the search starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 Subset = frozenset[int]
@@ -36,6 +38,7 @@ class Group:
 
     edits: Subset
     anchor: Subset | None = None
+    each: bool = False  # one of the edits, each started alone: not showing it settles only this
 
 
 @dataclass
@@ -51,9 +54,20 @@ class FactSearch:
     _open: dict[str, list[Group]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # With about as many effects as edits, halving would read more than starting each
+        # edit alone does.
+        n = len(self.candidates)
+        self._each = n > 1 and len(self.effects) * math.ceil(math.log2(n)) >= n
         for effect in self.effects:
             self.found[effect] = Culprits()
-            self._open[effect] = [Group(self.candidates)] if self.candidates else []
+            if self._each:
+                each = [
+                    Group(frozenset({i}), self.candidates, each=True)
+                    for i in sorted(self.candidates)
+                ]
+                self._open[effect] = each
+            else:
+                self._open[effect] = [Group(self.candidates)] if self.candidates else []
 
     def next(self) -> Subset | None:
         """The next subset to start and read, or None when every effect is attributed."""
@@ -82,6 +96,9 @@ class FactSearch:
             if ask is not None and ask not in self.seen:
                 return ask
             groups[:1] = self._split(effect, group)
+        found = self.found[effect]
+        if self._each and not found.alone and self.candidates not in found.together:
+            found.together.append(self.candidates)  # no edit alone shows it
         return None
 
     def _ask(self, effect: str, group: Group) -> Subset | None:
@@ -98,6 +115,10 @@ class FactSearch:
         """What replaces `group` once its read is in: its carriers, or none (an alone edit,
         an interaction, or a half that does not carry it)."""
         found = self.found[effect]
+        if group.each:
+            if effect in self.seen[group.edits]:
+                found.alone |= group.edits
+            return []
         if len(group.edits) == 1:
             if group.anchor is None or effect in self.seen[group.edits]:
                 found.alone |= group.edits
