@@ -233,3 +233,15 @@ def test_a_kept_change_with_an_implicit_change_is_attributed_against_its_old_kno
     (journal,) = attributed["journals"]
     row = server.ledger().trial(journal)
     assert row.baseline_gen == out["candidate_gen"] and row.state == "reverted"
+
+
+def test_the_restart_bound_stops_the_search_and_says_so(server: Server) -> None:
+    before = server.unit.read_bytes()
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "--parallel=4")
+    update_project_file(server.file, policy={"attribution_max_restarts": 1})
+    attributed = server.json("attribute", str(out["trial_id"]))
+    assert attributed["stopped"] == "bound: 1 restarts"
+    # one subset read, then the known-good restored: the rest is not settled
+    assert attributed["used"]["restarts"] == 2
+    assert {v["outcome"] for v in attributed["edits"]} == {"unresolved"}
+    assert server.unit.read_bytes() == before
