@@ -245,3 +245,21 @@ def test_the_restart_bound_stops_the_search_and_says_so(server: Server) -> None:
     assert attributed["used"]["restarts"] == 2
     assert {v["outcome"] for v in attributed["edits"]} == {"unresolved"}
     assert server.unit.read_bytes() == before
+
+
+def test_the_fixed_change_keeps_a_secret_value_the_ledger_shows_redacted(server: Server) -> None:
+    secret = "hf_attribution_secret_0123456789"
+    out = server.json("trial", "--set", "--parallel=4", "--env", f"HF_TOKEN={secret}")
+    attributed = server.cli("attribute", str(out["trial_id"]), "--json")
+    assert attributed.returncode == 0, attributed.stdout + attributed.stderr
+    assert secret not in attributed.stdout + attributed.stderr
+    assert '"value": "<redacted>"' in attributed.stdout
+    tried = server.cli("trial", "--from-attribution", str(out["trial_id"]))
+    assert tried.returncode in (0, 10, 11), tried.stdout + tried.stderr
+    assert secret not in tried.stdout + tried.stderr
+    ledger = server.ledger()
+    last = ledger.trials()[-1]
+    assert last.change["edits"] == [{"op": "setenv", "name": "HF_TOKEN", "value": "<redacted>"}]
+    assert last.candidate_gen is not None
+    # the candidate ran with the real value, not the marker
+    assert f"HF_TOKEN={secret}" in ledger.generation(last.candidate_gen).spec_text

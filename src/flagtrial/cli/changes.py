@@ -32,9 +32,7 @@ from flagtrial.errors import GateError, UsageError
 from flagtrial.launch.spec import printable
 
 if TYPE_CHECKING:
-    from flagtrial.launch.change import Change
     from flagtrial.preflight import PreflightReport
-    from flagtrial.session import Session
     from flagtrial.trial import TrialOutcome
 
 
@@ -77,7 +75,13 @@ def trial(
         async with open_session(
             project, accept_new_host_key=accept_new, json_out=json_out
         ) as session:
-            tried = change or fixed_change(session, from_attribution or 0)
+            if change is None:
+                from flagtrial.attribution.attribute import fixed_change
+
+                tried = await fixed_change(session, from_attribution or 0)
+                ui.secrets.learn_change(tried.edits)
+            else:
+                tried = change
             async with session.target.lock("flagtrial trial"):
                 outcome = await Trial(session, tried, force=force).run()
                 attributed = None
@@ -106,25 +110,6 @@ def attributable(outcome: TrialOutcome) -> bool:
     diff = outcome.diff
     moved = diff is not None and (diff.worst_capacity_loss() is not None or bool(diff.implicit))
     return outcome.outcome != "kept" or moved
-
-
-def fixed_change(session: Session, trial_id: int) -> Change:
-    """The change the latest attribution of `trial_id` leaves: no harmful or interacting edit."""
-    from flagtrial.attribution.outcome import Attribution
-
-    stored = session.ledger.attribution(trial_id)
-    if stored is None:
-        raise UsageError(
-            f"trial {trial_id} was never attributed: run `flagtrial attribute {trial_id}`"
-        )
-    fixed = Attribution.model_validate(stored).fixed()
-    if fixed is None:
-        raise UsageError(
-            f"the attribution of trial {trial_id} leaves no change to try: every edit "
-            "was harmful or interacting, or none was (the trial's own change)"
-        )
-    ui.secrets.learn_change(fixed.edits)
-    return fixed
 
 
 @app.command()

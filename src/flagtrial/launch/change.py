@@ -307,8 +307,8 @@ def check_listen_address(
             flag = schema.lookup(canonical)
         except UnknownFlagError:
             continue
-        before = _last_value(spec, schema, flag) or default
-        given = _last_value(candidate, schema, flag)
+        before = last_value(spec, schema, flag) or default
+        given = last_value(candidate, schema, flag)
         if before != (given or default):
             shown = f"{canonical} {given}" if given is not None else f"removing {canonical}"
             if given is None and default is not None:
@@ -320,7 +320,7 @@ def check_listen_address(
             )
 
 
-def _last_value(spec: LaunchSpec, schema: FlagSchema, flag: FlagDef) -> str | None:
+def last_value(spec: LaunchSpec, schema: FlagSchema, flag: FlagDef) -> str | None:
     """The value the engine uses for flag (the last occurrence wins), as a literal."""
     values = [it.value for it in _items(spec, schema) if it.flag is flag]
     return _shown(values[-1]) if values and values[-1] is not None else None
