@@ -33,6 +33,7 @@ from typing import Any
 from flagtrial.attribution.attribute import Attribute, ledger_cost
 from flagtrial.cache import cache_root, llama_server_path
 from flagtrial.demo import free_port, write_unit
+from flagtrial.errors import UsageError
 from flagtrial.launch.change import Change, Edit
 from flagtrial.modelgen import generate_model
 from flagtrial.session import Session
@@ -99,7 +100,11 @@ async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
         async with session.target.lock("benchmark"):
             outcome = await Trial(session, change).run()
             trial_cost = ledger_cost(session, outcome.trial_id)
-            attributed = await Attribute(session, outcome.trial_id).run()
+            try:
+                attributed = await Attribute(session, outcome.trial_id).run()
+            except UsageError as e:  # the trial showed nothing to attribute
+                return {"edits": names, "verdict": outcome.verdict.decision, "refused": str(e),
+                        "reasons": [r.message for r in outcome.verdict.reasons]}  # fmt: skip
     finally:
         assert isinstance(session.target, ProcessTarget)
         await session.target.stop()
@@ -137,6 +142,8 @@ def table(results: list[dict[str, Any]]) -> str:
         "| load s (one at a time) |",
         "|---|---|---|---|---|---|",
     ]
+    refused = [r for r in results if "refused" in r]
+    results = [r for r in results if "refused" not in r]
     for r in results:
         per = ", ".join(f"{n}: {r['found'][n]}" for n in r["edits"])
         used, naive = r["used"], r["one_at_a_time"]
@@ -158,6 +165,8 @@ def table(results: list[dict[str, Any]]) -> str:
         f"load {sum(r['used']['load_s'] for r in results):.1f} s against "
         f"{sum(r['one_at_a_time']['load_s'] for r in results):.1f} s."
     )
+    lines += [f"Not attributed: {', '.join(r['edits'])} ({r['verdict']}: {r['refused']})"
+              for r in refused]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -167,7 +176,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             project = prepare(Path(tmp))
             results.append(asyncio.run(one_case(project, names)))
-            print(json.dumps({k: results[-1][k] for k in ("edits", "found", "used")}), flush=True)
+            print(json.dumps(results[-1], default=sorted), flush=True)
     machine = {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}
     (HERE / "results.json").write_text(
         json.dumps({"machine": machine, "cases": results}, indent=1, default=sorted) + "\n"
