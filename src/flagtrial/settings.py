@@ -96,7 +96,7 @@ class Policy(BaseModel):
         0.5, gt=0, le=1, description="more disturbed runs than this: too busy to measure"
     )
     attribution_max_restarts: int = Field(
-        40,
+        100,
         ge=0,
         description="bound: restarts one attribution may spend, its probe trials' included "
         "(checked before each restart or probe)",

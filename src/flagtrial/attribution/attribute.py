@@ -80,6 +80,7 @@ class Attribute:
         self.found = Found()
         self.used = Cost(restarts=0, load_s=0.0)
         self.journals: list[int] = []
+        self.probes: set[int] = set()  # the journals that are probe trials
         self.stopped: str | None = None
         self.began = time.monotonic()
         self.restore_to = self.trial.baseline_gen  # the known-good that serves, once read
@@ -140,12 +141,16 @@ class Attribute:
 
     def _one_at_a_time(self, measured: bool) -> Cost:
         """Each edit alone: a start and a facts read each (and the known-good's restore), or,
-        for a measured effect, a trial each as costly as the one attributed."""
+        for a measured effect, a probe trial each, as costly as the probes run cost on
+        average (as the trial attributed, when none ran)."""
         n = len(self.edits)
         if not measured:
             return Cost(restarts=n + 1, load_s=0.0)
-        each = ledger_cost(self.s, self.trial.id)
-        return Cost(restarts=n * each.restarts, load_s=round(n * each.load_s, 1))
+        probes = [ledger_cost(self.s, t) for t in self.journals if t in self.probes]
+        costs = probes or [ledger_cost(self.s, self.trial.id)]
+        restarts = sum(c.restarts for c in costs) / len(costs)
+        load_s = sum(c.load_s for c in costs) / len(costs)
+        return Cost(restarts=round(n * restarts), load_s=round(n * load_s, 1))
 
     def _bound(self) -> bool:
         """Whether the policy's bounds leave room for another read; else why the search stops
@@ -275,6 +280,7 @@ class Attribute:
         while (subset := search.next()) is not None and self._bound():
             outcome = await Trial(probing, self._subset(subset), probe_of=self.trial.id).run()
             self.journals.append(outcome.trial_id)
+            self.probes.add(outcome.trial_id)
             cost = ledger_cost(self.s, outcome.trial_id)
             self.used = Cost(
                 restarts=self.used.restarts + cost.restarts,
