@@ -134,6 +134,10 @@ def test_restarts_with_no_load_find_the_culprit_among_the_rest(server: Server) -
     assert shown is not None and shown["edits"] == attributed["edits"]
     history = server.cli("history")
     assert f"reverted (attribution of {out['trial_id']})" in history.stdout, history.stdout
+    shown = server.cli("show", str(out["trial_id"]))
+    assert shown.returncode == 0 and f"attribution of trial {out['trial_id']}" in shown.stdout
+    journal_shown = server.cli("show", str(journal))
+    assert f"(attribution of {out['trial_id']})" in journal_shown.stdout, journal_shown.stdout
 
 
 def test_killed_mid_attribution_recovers_to_the_known_good(server: Server) -> None:

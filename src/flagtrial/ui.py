@@ -290,14 +290,14 @@ def history_table(trials: list[TrialRow], generations: list[Generation]) -> Tabl
             time.strftime("%F %T", time.localtime(t.started_at)),
             change,
             f"{t.baseline_gen} -> {t.candidate_gen or '-'}",
-            t.state + _part_of(t),
+            t.state + part_of(t),
             t.verdict or "-",
             (t.reasons[0].message if t.reasons else "")[:80],
         )
     return table
 
 
-def _part_of(t: TrialRow) -> str:
+def part_of(t: TrialRow) -> str:
     """An attribution's own journal, or one of its probes: which trial it attributes."""
     if (of := t.record.get("attribution_of")) is not None:
         return f" (attribution of {of})"

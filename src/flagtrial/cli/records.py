@@ -58,18 +58,21 @@ def show(trial_id: int, project: ProjectOpt = DEFAULT_PROJECT, json_out: JsonOpt
     row = ledger.trial(trial_id)
     runs = ledger.runs(trial_id)
     events = ledger.events(trial_id)
+    attributed = ledger.attribution(trial_id)
     if json_out:
         emit_json(
             {
                 "trial": row.model_dump(),
                 "runs": [r.model_dump() for r in runs],
                 "events": [e.model_dump() for e in events],
+                "attribution": attributed,
             }
         )
         return
     ui.console.print(
-        f"[bold]trial {row.id}[/bold] on {row.target}: generation {row.baseline_gen} -> "
-        f"{row.candidate_gen}, verdict [bold]{row.verdict or '-'}[/bold], state {row.state}"
+        f"[bold]trial {row.id}[/bold]{ui.part_of(row)} on {row.target}: generation "
+        f"{row.baseline_gen} -> {row.candidate_gen}, verdict [bold]{row.verdict or '-'}[/bold], "
+        f"state {row.state}"
     )
     for edit in row.change.get("edits", []):
         ui.console.print(f"  {ui._edit(edit)}")
@@ -78,6 +81,10 @@ def show(trial_id: int, project: ProjectOpt = DEFAULT_PROJECT, json_out: JsonOpt
     if runs:
         ui.console.print(ui.runs_table(runs))
     ui.console.print(ui.timeline(events))
+    if attributed is not None:
+        from flagtrial.attribution.outcome import Attribution
+
+        ui.show_attribution(Attribution.model_validate(attributed))
 
 
 @app.command()
