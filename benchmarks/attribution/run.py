@@ -17,7 +17,8 @@ even when other work shares the cores (set_aside_disturbed = false): this 2-core
 never idle while it runs.
 
     PYTHONPATH=src .venv/bin/python benchmarks/attribution/run.py
-Writes results.json and results.md next to this file.
+Writes results.json and results.md next to this file (`--table`: results.md again from
+results.json).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -139,8 +141,8 @@ async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| edits | trial | per edit (found) | wrong | restarts (one at a time) "
-        "| load s (one at a time) |",
-        "|---|---|---|---|---|---|",
+        "| load s (one at a time) | stopped |",
+        "|---|---|---|---|---|---|---|",
     ]
     refused = [r for r in results if "refused" in r]
     results = [r for r in results if "refused" not in r]
@@ -150,7 +152,7 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {len(r['edits'])} | {r['verdict']} | {per} | {', '.join(r['wrong']) or '-'} "
             f"| {used['restarts']} ({naive['restarts']}) | {used['load_s']:g} "
-            f"({naive['load_s']:g}) |"
+            f"({naive['load_s']:g}) | {r['stopped'] or '-'} |"
         )
     culprits = sum(1 for r in results for n in r["edits"] if r["expected"][n] == "harmful")
     found = sum(len(r["culprits_found"]) for r in results)
@@ -158,7 +160,8 @@ def table(results: list[dict[str, Any]]) -> str:
     wrong = sum(len(r["wrong"]) for r in results)
     lines.append("")
     lines.append(
-        f"culprits found {found} of {culprits} ({unresolved} left unresolved: never measured); "
+        f"culprits found {found} of {culprits} ({unresolved} left unresolved: not measured, "
+        "or the bound stopped the search first); "
         f"wrong outcomes {wrong}; restarts "
         f"{sum(r['used']['restarts'] for r in results)} against "
         f"{sum(r['one_at_a_time']['restarts'] for r in results)} one edit at a time; "
@@ -171,6 +174,10 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--table"]:  # results.md again from results.json
+        cases = json.loads((HERE / "results.json").read_text())["cases"]
+        (HERE / "results.md").write_text(table(cases))
+        return
     results = []
     for names in CASES:
         with tempfile.TemporaryDirectory() as tmp:
