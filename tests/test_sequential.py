@@ -134,6 +134,12 @@ def test_bound_in_runs_gives_inconclusive_with_the_interval() -> None:
     assert math.isfinite(lead.values["lo_pct"]) and math.isfinite(lead.values["hi_pct"])
     bound = verdict.first({Code.BOUND_RUNS})
     assert bound is not None and bound.values["max_runs"] == 10
+    # what more load would likely settle it, at the effect and noise measured: more pairs,
+    # each two blocks of one run at the pace measured
+    more = verdict.first({Code.MORE_LOAD})
+    assert more is not None and int(more.values["more"]) > 0
+    block_s = stop.seconds / (len(stop.baseline[8]) + len(stop.candidate[8]))
+    assert more.values["seconds"] == pytest.approx(int(more.values["more"]) * 2 * block_s)
 
 
 def test_no_bound_stops_a_trial_before_the_candidate_ran() -> None:

@@ -44,6 +44,8 @@ class Code(StrEnum):
     INTERIM = "interim"
     DRIFT = "drift"
     TOO_FEW_PAIRS = "too-few-pairs"
+    MORE_LOAD = "more-load"
+    MORE_LOAD_NO = "more-load-no"
     DISTURBED = "disturbed"
     COUNTED_ANYWAY = "counted-anyway"
     IMPLICIT_CHANGE = "implicit-change"
@@ -132,6 +134,10 @@ MESSAGES: dict[Code, str] = {
         "interpolated out of the effect"
     ),
     Code.TOO_FEW_PAIRS: "{pairs} clean pairs at c={level}: an interval needs at least {least}",
+    Code.MORE_LOAD: "about {more} more clean pairs at c={level} (about {seconds:.0f} s of load "
+    "and restarts at this pace) would likely settle it, at the effect and noise measured",
+    Code.MORE_LOAD_NO: "more load would likely not settle it within {limit} pairs: the estimate "
+    "({pct:+.1f} %) lies near a margin",
     Code.DISTURBED: (
         "{disturbed} of {runs} runs set aside as disturbed, e.g. {arm} c={level}: {why}"
     ),

@@ -23,7 +23,7 @@ Two designs, chosen by what a restart costs:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,6 +91,26 @@ def anytime_interval(diffs: Sequence[float], confidence: float) -> Interval:
         return Interval(est, -math.inf, math.inf, n)
     half = c * float(d.std(ddof=1)) / math.sqrt(n)
     return Interval(est, est - half, est + half, n)
+
+
+def pairs_to_settle(
+    diffs: Sequence[float],
+    confidence: float,
+    settles: Callable[[Interval], bool],
+    limit: int,
+) -> int | None:
+    """How many pairs in all the confidence sequence would likely need before `settles`
+    holds, were the estimate and the spread to stay what `diffs` show; None when not within
+    `limit` pairs (an estimate on a margin's edge never settles)."""
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2:
+        return None
+    est, sd = float(d.mean()), float(d.std(ddof=1))
+    for n in range(len(d) + 1, limit + 1):
+        half = anytime_multiplier(n, 1.0 - confidence) * sd / math.sqrt(n)
+        if math.isfinite(half) and settles(Interval(est, est - half, est + half, n)):
+            return n
+    return None
 
 
 def ar1_mean_factor(n: int, rho: float) -> float:

@@ -68,13 +68,41 @@ class Interleaved:
 
     def notes(self, seq: Sequential, effects: list[Effect]) -> list[Reason]:
         policy = seq.policy
-        if any(e.metric == policy.primary_metric and e.concurrency == seq.level for e in effects):
-            return []
+        primary = next((e for e in effects if e.metric == policy.primary_metric
+                        and e.concurrency == seq.level), None)  # fmt: skip
+        if primary is not None:
+            return self._more_load(seq, primary)
         n = len(self.pairs(seq, policy.primary_metric))
         alpha = 1 - policy.confidence
         least = next(m for m in range(2, 999) if stats.anytime_multiplier(m, alpha) < math.inf)
         return [
             Reason(code=Code.TOO_FEW_PAIRS, values={"pairs": n, "level": seq.level, "least": least})
+        ]
+
+    def _more_load(self, seq: Sequential, primary: Effect) -> list[Reason]:
+        """After an unresolved interval: how many more pairs would likely settle it."""
+        from flagtrial.guardrails import PRIMARY  # the rules import the statistics
+
+        policy = seq.policy
+        if PRIMARY.classify(policy, primary.lo_pct, primary.hi_pct) != "unresolved":
+            return []
+        pairs = self.pairs(seq, policy.primary_metric)
+        limit = 10 * max(policy.max_runs, len(pairs))
+
+        def settles(i: stats.Interval) -> bool:
+            _, lo, hi = i.pct
+            return PRIMARY.classify(policy, lo, hi) != "unresolved"
+
+        needed = stats.pairs_to_settle(pairs, policy.confidence, settles, limit)
+        if needed is None:
+            pct = stats.to_pct(sum(pairs) / len(pairs)) if pairs else 0.0
+            return [Reason(code=Code.MORE_LOAD_NO, values={"limit": limit, "pct": pct})]
+        more = needed - len(pairs)
+        seconds = more * 2 * seq.block_s()  # a pair is two restart blocks
+        return [
+            Reason(
+                code=Code.MORE_LOAD, values={"more": more, "level": seq.level, "seconds": seconds}
+            )
         ]
 
     def pairs(self, seq: Sequential, metric: str, level: int | None = None) -> list[float]:
