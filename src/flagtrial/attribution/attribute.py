@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from typing import TYPE_CHECKING
 
 from flagtrial.attribution.effects import describe, fact_effects, trial_effects
 from flagtrial.attribution.evidence import inert
@@ -28,6 +29,9 @@ from flagtrial.records import TrialRow
 from flagtrial.redact import MARK
 from flagtrial.session import Session, restore_detail
 from flagtrial.states import FINAL, TrialState
+
+if TYPE_CHECKING:
+    from flagtrial.trial import TrialOutcome
 
 Settled = dict[int, tuple[EditOutcome, str]]
 
@@ -98,7 +102,7 @@ class Attribute:
         schema = await s.engine.flag_schema(s.target, spec.program)
         settled = settled_without_restart(trial, self.edits, spec.argv, schema)
         candidates = frozenset(range(len(self.edits))) - settled.keys()
-        facts, measured = trial_effects(trial, s.engine.capacity_tolerance_pct)
+        facts, measured = self.effects()
         if not facts and measured is None:
             raise UsageError(
                 f"trial {trial.id} showed nothing to attribute: no capacity or setting its "
@@ -126,6 +130,10 @@ class Attribute:
         )
         s.ledger.record_attribution(trial.id, result.model_dump(mode="json"))
         return result
+
+    def effects(self) -> tuple[set[str], str | None]:
+        """The trial's fact effects and its measured one, to attribute."""
+        return trial_effects(self.trial, self.s.engine.capacity_tolerance_pct)
 
     def _check(self) -> None:
         trial = self.trial
@@ -345,3 +353,17 @@ def _as_ran(edit: Edit, ran: LaunchSpec, schema: FlagSchema) -> Edit:
     if value is None:
         raise UsageError(f"{edit.name}: its value is kept only redacted: give the change by hand")
     return edit.model_copy(update={"value": value})
+
+
+async def after(s: Session, outcome: TrialOutcome) -> Attribution | None:
+    """Attribute a trial just judged, where there is something to attribute: two or more
+    edits and an effect, not kept, or kept with a capacity loss or a setting the server
+    moved on its own."""
+    diff = outcome.diff
+    moved = diff is not None and (diff.worst_capacity_loss() is not None or bool(diff.implicit))
+    attribute = Attribute(s, outcome.trial_id)
+    facts, measured = attribute.effects()
+    nothing = not facts and measured is None
+    if len(attribute.edits) < 2 or nothing or (outcome.outcome == "kept" and not moved):
+        return None
+    return await attribute.run()

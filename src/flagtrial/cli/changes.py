@@ -33,7 +33,6 @@ from flagtrial.launch.spec import printable
 
 if TYPE_CHECKING:
     from flagtrial.preflight import PreflightReport
-    from flagtrial.trial import TrialOutcome
 
 
 @app.command()
@@ -51,7 +50,11 @@ def trial(
     ] = False,
     attribute: Annotated[
         bool,
-        typer.Option("--attribute", help="not kept, and two or more edits: find which edit did it"),
+        typer.Option(
+            "--attribute",
+            help="two or more edits, not kept (or kept with a capacity loss or an implicit "
+            "change): find which edit did it",
+        ),
     ] = False,
     from_attribution: Annotated[
         int | None,
@@ -72,30 +75,19 @@ def trial(
     change = make_change(*edits) if from_attribution is None else None
 
     async def body() -> int:
+        from flagtrial.attribution import attribute as attribution
+
         async with open_session(
             project, accept_new_host_key=accept_new, json_out=json_out
         ) as session:
-            if change is None:
-                from flagtrial.attribution.attribute import fixed_change
-
-                tried = await fixed_change(session, from_attribution or 0)
-                ui.secrets.learn_change(tried.edits)
-            else:
-                tried = change
+            tried = change or await attribution.fixed_change(session, from_attribution or 0)
+            ui.secrets.learn_change(tried.edits)
             async with session.target.lock("flagtrial trial"):
                 outcome = await Trial(session, tried, force=force).run()
-                attributed = None
-                if attribute and len(tried.edits) > 1 and attributable(outcome):
-                    from flagtrial.attribution.attribute import Attribute
-
-                    attributed = await Attribute(session, outcome.trial_id).run()
+                attributed = await attribution.after(session, outcome) if attribute else None
             if json_out:
-                emit_json(
-                    {
-                        **outcome.model_dump(),
-                        "attribution": attributed.model_dump() if attributed else None,
-                    }
-                )
+                dumped = attributed.model_dump() if attributed else None
+                emit_json({**outcome.model_dump(), "attribution": dumped})
             else:
                 ui.show_outcome(outcome)
                 if attributed is not None:
@@ -103,13 +95,6 @@ def trial(
             return EXIT_VERDICT[outcome.verdict.decision]
 
     raise typer.Exit(run(body))
-
-
-def attributable(outcome: TrialOutcome) -> bool:
-    """Not kept, or kept with a capacity loss or a setting the server moved on its own."""
-    diff = outcome.diff
-    moved = diff is not None and (diff.worst_capacity_loss() is not None or bool(diff.implicit))
-    return outcome.outcome != "kept" or moved
 
 
 @app.command()

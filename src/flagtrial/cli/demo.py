@@ -27,7 +27,7 @@ def demo(
     """Replay the seed story on a local llama-server (or a real vLLM server): a change that
     silently halves serving capacity with no throughput gain is found from the server's own
     facts, reverted and verified, and attributed to the edit that did it."""
-    from flagtrial.attribution.attribute import Attribute
+    from flagtrial.attribution.attribute import after
     from flagtrial.cache import llama_server_path, vllm_python
     from flagtrial.demo import DEMO_CHANGE, VLLM_DEMO_CHANGE, free_port, prepare, prepare_vllm
     from flagtrial.targets.process import ProcessTarget
@@ -63,8 +63,8 @@ def demo(
                         ui.console.print(f"  {line}")
                     outcome = await Trial(session, change).run()
                     ui.show_outcome(outcome)
-                    if outcome.outcome != "kept" and outcome.diff is not None:
-                        ui.show_attribution(await Attribute(session, outcome.trial_id).run())
+                    if (attributed := await after(session, outcome)) is not None:
+                        ui.show_attribution(attributed)
             finally:
                 await target.stop()
             ui.console.print(
