@@ -168,3 +168,43 @@ def test_the_candidate_is_held_against_the_engines_own_resolution(
     assert not any(m.startswith("max_running_requests:") for m in checked["mismatches"])
     assert row.record["resolution"]["candidate"].startswith("resolved")
     assert all(": predicted " in m and ", the server reports " in m for m in checked["mismatches"])
+
+
+def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed's two flags on SGLang 0.5.10 at SM120: the all-reduce fusion is a NO-OP by
+    the source, yet its workspace costs KV memory; a NO-OP is therefore searched like any
+    edit, and the facts of each flag alone find it. What is left to try is the seed
+    engineer's final state: the fused MoE sum alone."""
+    from flagtrial.attribution.attribute import Attribute, fixed_change
+
+    project = project_for(tmp_path, monkeypatch, SGLANG_OLD)
+    update_project_file(project, policy={"capacity_guard": "revert"})
+    moe = Edit(op="add", name="--enable-fused-moe-sum-all-reduce")
+    outcome = trial(project, change=Change(edits=[moe, FUSION.edits[0]]))
+    assert outcome.verdict.decision == "REVERT"
+    session = session_for(project)
+    target = session.target
+    assert isinstance(target, ProcessTarget)
+
+    async def attribute() -> tuple[list[tuple[str, list[str]]], Change]:
+        try:
+            async with target.lock("test"):
+                done = await Attribute(session, outcome.trial_id).run()
+                return [(v.outcome, v.evidence) for v in done.edits], await fixed_change(
+                    session, outcome.trial_id
+                )
+        finally:
+            await target.stop()
+
+    (moe_found, fusion_found), fixed = asyncio.run(attribute())
+    assert fusion_found[0] == "harmful"
+    # the stand-in's KV cache, sized as SGLang sizes it, less the fusion's workspace
+    kv = "KV cache tokens 459533 -> 424996 (-7.5 %) (a start with only this edit)"
+    assert kv in fusion_found[1], fusion_found
+    assert any(
+        e.startswith("NO-OP ON THIS HARDWARE by the engine's source") for e in fusion_found[1]
+    )
+    assert moe_found[0] in ("useless", "unresolved")
+    assert fixed == Change(edits=[moe])

@@ -294,14 +294,16 @@ def test_a_larger_token_budget_keeps_on_a_measured_gain(vllm_trials: VllmTrials)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_demo_vllm_reverts_fewer_sequences_with_the_binding_limit_named(
     vllm_trials: VllmTrials, tmp_path: Path
 ) -> None:
     """`flagtrial demo --engine vllm`, its own server (the module's is stopped first): three
-    starts, the known-good, the candidate and the known-good's re-check."""
+    starts, the known-good, the candidate and the known-good's re-check; then the
+    attribution's starts of one edit at a time and the known-good's restore."""
     vllm_trials.stop()
     workdir = tmp_path / "demo"
-    result = cli(None, "demo", "--engine", "vllm", "--dir", str(workdir), timeout=900)
+    result = cli(None, "demo", "--engine", "vllm", "--dir", str(workdir), timeout=1400)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "REVERT trial 1" in out
@@ -310,6 +312,10 @@ def test_demo_vllm_reverts_fewer_sequences_with_the_binding_limit_named(
         "beyond the 5 % guardrail"
     ) in out
     assert "restored generation 1, verified" in out
+    # attributed: the lower sequence limit carries the capacity loss
+    assert "attribution of trial 1" in out
+    assert re.search(r"set --max-num-seqs 4\s*.\s*harmful", out), out
+    assert re.search(r"add --gpu-memory-utilization 0.95\s*.\s*(useless|unresolved)", out), out
     # The demo stops its server: no process of its group is left.
     pid = json.loads((workdir / ".flagtrial" / "process" / "server.json").read_text())["pid"]
     assert ProcessTarget.group_members(pid) == []

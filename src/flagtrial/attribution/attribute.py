@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from flagtrial.attribution.effects import describe, fact_effects, trial_effects
+from flagtrial.attribution.effects import FAILS_TO_START, describe, fact_effects, trial_effects
 from flagtrial.attribution.evidence import inert
 from flagtrial.attribution.outcome import Attribution, Cost, EditOutcome, Found, judge
 from flagtrial.attribution.search import FactSearch, Subset
@@ -37,20 +37,34 @@ Settled = dict[int, tuple[EditOutcome, str]]
 
 
 def settled_without_restart(
-    trial: TrialRow, edits: list[Edit], argv: list[str], schema: FlagSchema
+    trial: TrialRow, edits: list[Edit], argv: list[str], schema: FlagSchema, failed: bool
 ) -> Settled:
-    """Edits whose outcome is known before any restart: inert by the engine's --help, or a
-    NO-OP / a startup failure by the gate analysis the trial recorded."""
-    gates = {g["flag"]: g for g in trial.record.get("gates", [])}
+    """Edits whose outcome is known before any restart: inert by the engine's --help, or,
+    where the candidate did not start (`failed`), a startup failure by the gate analysis the
+    trial recorded. A NO-OP by the source is not settled: a kernel that never runs may still
+    take memory (the seed's fusion workspace cost capacity 48 -> 26), so its edit is searched
+    like any other, its finding kept as evidence (`source_no_ops`)."""
     settled: Settled = {}
     for i, edit in enumerate(edits):
         if edit.name.startswith("-") and (why := inert(edit, argv, schema)) is not None:
             settled[i] = ("useless", why)
-        elif (g := gates.get(edit.name)) and g["outcome"] == Outcome.NO_OP:
-            settled[i] = ("useless", f"{Outcome.NO_OP} by the engine's source: {g['reason']}")
-        elif g and g["outcome"] == Outcome.FAILS:
+        elif failed and (g := _gates(trial).get(edit.name)) and g["outcome"] == Outcome.FAILS:
             settled[i] = ("harmful", f"{Outcome.FAILS} by the engine's source: {g['reason']}")
     return settled
+
+
+def source_no_ops(trial: TrialRow, edits: list[Edit]) -> dict[int, str]:
+    """Edit -> the gate analysis' NO-OP finding for it: no speed of its own to measure."""
+    gates = _gates(trial)
+    return {
+        i: f"{Outcome.NO_OP} by the engine's source: {g['reason']}"
+        for i, e in enumerate(edits)
+        if (g := gates.get(e.name)) and g["outcome"] == Outcome.NO_OP
+    }
+
+
+def _gates(trial: TrialRow) -> dict[str, dict[str, Any]]:
+    return {g["flag"]: g for g in trial.record.get("gates", [])}
 
 
 def ledger_cost(s: Session, trial_id: int) -> Cost:
@@ -100,14 +114,21 @@ class Attribute:
         spec = LaunchSpec(kind=serving.kind, text=base.spec_text, dropin=serving.dropin)
         facts_before = Facts.model_validate(trial.record["facts_before"])
         schema = await s.engine.flag_schema(s.target, spec.program)
-        settled = settled_without_restart(trial, self.edits, spec.argv, schema)
-        candidates = frozenset(range(len(self.edits))) - settled.keys()
         facts, measured = self.effects()
         if not facts and measured is None:
             raise UsageError(
                 f"trial {trial.id} showed nothing to attribute: no capacity or setting its "
                 "candidate moved, no measured gain or harm"
             )
+        failed = FAILS_TO_START in facts
+        args = spec.argv[spec.program_words :]
+        settled = settled_without_restart(trial, self.edits, args, schema, failed)
+        candidates = frozenset(range(len(self.edits))) - settled.keys()
+        if any(outcome == "harmful" for outcome, _ in settled.values()):
+            facts.discard(FAILS_TO_START)  # the source names what fails: no start to spend
+        for i, finding in source_no_ops(trial, self.edits).items():
+            self.found.notes.setdefault(i, []).append(finding)
+            self.found.equivalent.add(i)
         if (trial.record.get("verdict") or {}).get("finding") == "equivalent":
             self.found.equivalent |= candidates
         await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
