@@ -45,8 +45,12 @@ class RunSummary(BaseModel):
     # waiting for one (near 1.0 it could send and read no faster), and how late it woke.
     client_busy_share: float = 0.0
     client_lag_p99_s: float | None = None
-    # Open loop: requests that arrived while the concurrency cap was full and waited.
+    # Open loop: requests (conversations, with turns) that arrived while the concurrency cap
+    # was full and waited.
     n_delayed: int = 0
+    # Chat turns per conversation: each turn sent the conversation so far, so from the second
+    # on most of its prompt is what the server saw (and may have cached) the turn before.
+    turns: int = 1
     # Prompt tokens the server says it served from its cache, of all prompt tokens it counted
     # (None where it reports neither).
     cached_prompt_share: float | None = None
@@ -65,6 +69,7 @@ def summarize(
     ignore_eos: bool = False,
     client: ClientLoad | None = None,
     n_delayed: int = 0,
+    turns: int = 1,
 ) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
@@ -96,6 +101,7 @@ def summarize(
         client_busy_share=client.busy_s / duration if client and duration > 0 else 0.0,
         client_lag_p99_s=_percentiles(client.lags_s, (99,))[0] if client else None,
         n_delayed=n_delayed,
+        turns=turns,
         cached_prompt_share=_cached_share(ok),
     )
 
