@@ -271,5 +271,6 @@ async def run_level(
         client=sent.client,
         n_delayed=sent.delayed,
         turns=workload.turns,
+        offered_rate=rate,
     )
     return RunResult(summary=summary, records=sent.records)

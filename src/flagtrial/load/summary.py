@@ -51,6 +51,11 @@ class RunSummary(BaseModel):
     # Chat turns per conversation: each turn sent the conversation so far, so from the second
     # on most of its prompt is what the server saw (and may have cached) the turn before.
     turns: int = 1
+    # Open loop: the rate asked at this level (request_rate counts what the server did).
+    offered_rate: float | None = None
+    # Requests that kept the policy's goodput limits (counted by the procedure, which holds
+    # the policy; None when not counted).
+    n_good: int | None = None
     # Prompt tokens the server says it served from its cache, of all prompt tokens it counted
     # (None where it reports neither).
     cached_prompt_share: float | None = None
@@ -70,6 +75,7 @@ def summarize(
     client: ClientLoad | None = None,
     n_delayed: int = 0,
     turns: int = 1,
+    offered_rate: float | None = None,
 ) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
@@ -102,6 +108,7 @@ def summarize(
         client_lag_p99_s=_percentiles(client.lags_s, (99,))[0] if client else None,
         n_delayed=n_delayed,
         turns=turns,
+        offered_rate=offered_rate,
         cached_prompt_share=_cached_share(ok),
     )
 
