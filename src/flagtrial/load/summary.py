@@ -104,7 +104,8 @@ def summarize(
         e2e_p50=e2e_p50,
         errors=dict(Counter(r.error for r in records if r.error is not None)),
         n_short=sum(1 for r in ok if ignore_eos and r.output_tokens < (r.max_tokens or 0)),
-        client_busy_share=client.busy_s / duration if client and duration > 0 else 0.0,
+        # the watched span starts before the first request: never more than the whole run
+        client_busy_share=min(client.busy_s / duration, 1.0) if client and duration > 0 else 0.0,
         client_lag_p99_s=_percentiles(client.lags_s, (99,))[0] if client else None,
         n_delayed=n_delayed,
         turns=turns,
