@@ -190,11 +190,6 @@ def test_aa_trial_finds_no_effect(project: Project) -> None:
     assert outcome.diff is not None and [c.name for c in outcome.diff.explicit] == ["model_alias"]
     shown = project.cli("show", str(outcome.trial_id)).stdout
     assert "foreign CPU" in shown and shown.count("candidate") >= 2
-    # each arm's highest level that meets the SLO, kept with the verdict and shown
-    slo = {Code.SLO_MET, Code.SLO_MET_ALL, Code.SLO_MISSED}
-    stored = Ledger(project.root / ".flagtrial" / "ledger.db").trial(outcome.trial_id).reasons
-    assert sorted(r.values["arm"] for r in stored if r.code in slo) == ["candidate", "known-good"]
-    assert shown.count("SLO (99% of requests within TTFT 1 s and ITL 0.1 s)") == 2
 
 
 def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> None:

@@ -89,7 +89,7 @@ class Workload(BaseModel):
     )
     turns: PositiveInt = Field(
         default=1,
-        description='Chat turns per conversation (api = "chat"): each turn sends the whole '
+        description="Chat turns per conversation (the chat api only): each turn sends the whole "
         "conversation so far, earlier user turns (prompt_words each) and the server's own "
         "streamed answers, so its prefix cache serves what a real chat's would. A "
         "conversation's turns go one after another; conversations run at the level's "
