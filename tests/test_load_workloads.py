@@ -239,10 +239,19 @@ def test_chat_turns_send_the_conversation_so_far_with_the_servers_answers() -> N
         ]  # fmt: skip
     s = result.summary
     assert (s.n_requests, s.n_ok, s.errors, s.turns) == (10, 9, {"HTTP 500": 1}, 3)
-    # open loop: conversations arrive at the rate, their turns still one after another
-    paced = w.model_copy(update={"concurrency": [4], "request_rate": [50.0]})
+    # open loop from two processes: whole conversations dealt out, arriving at the rate,
+    # their turns still one after another with their own answers
+    paced = w.model_copy(update={"concurrency": [4], "request_rate": [50.0], "client_processes": 2})
     seen.clear()
     assert asyncio.run(measure(paced, 4)).summary.n_requests == 10
+    assert all(
+        m[1::2]
+        == [
+            {"role": "assistant", "content": f"answer to {int(u['content'].split()[0])}"}
+            for u in m[:-1:2]
+        ]
+        for m in seen
+    )
 
 
 def test_turns_need_the_chat_api() -> None:
