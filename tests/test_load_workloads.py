@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from flagtrial.errors import ProjectError
+from flagtrial.facts import request_tokens
 from flagtrial.load.prompts import plan_request
 from flagtrial.load.runner import RunResult, arrival_offsets, run_level
 from flagtrial.load.workload import Lengths, Workload
@@ -280,3 +281,28 @@ def test_chat_turns_are_served_from_the_servers_prefix_cache(
         assert all((r.cached_tokens or 0) >= a for a, r in zip(prompts[:2], turns[1:], strict=True))
     assert result.summary.cached_prompt_share is not None
     assert result.summary.cached_prompt_share > 0.4
+
+
+def test_a_chats_request_holds_its_last_turn_with_every_answer_at_full_length() -> None:
+    # A server that counts words as tokens and answers one word: the probe's last turn had
+    # one-word answers; a run's has max_tokens-long ones.
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (body := await read_request(reader)) is not None:
+            words = sum(len(m["content"].split()) for m in json.loads(body)["messages"])
+            usage = event(
+                {"choices": [], "usage": {"prompt_tokens": words, "completion_tokens": 1}}
+            )
+            writer.write(HEAD + chunked(chat_text("x") + usage + event("[DONE]")) + chunked(b""))
+        writer.close()
+
+    async def measure(w: Workload) -> float | None:
+        server = await asyncio.start_server(script, "127.0.0.1", 0)
+        try:
+            return await request_tokens(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", w)
+        finally:
+            server.close()
+
+    chat = Workload(api="chat", prompt_words=6, max_tokens=10)
+    assert asyncio.run(measure(chat)) == 6 + 10
+    # the 5th turn: 5 user turns of 6 words and 4 answers of 10, then its own 10
+    assert asyncio.run(measure(chat.model_copy(update={"turns": 5}))) == 5 * 6 + 4 * 10 + 10

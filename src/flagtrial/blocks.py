@@ -94,4 +94,6 @@ def _delayed(summary: RunSummary) -> str:
     rate asked, which the run still measures)."""
     if not summary.n_delayed:
         return ""
+    if summary.turns > 1:  # a conversation waits once, for its first turn
+        return f"; {summary.n_delayed} conversations waited for the concurrency cap"
     return f"; {summary.n_delayed} of {summary.n_requests} requests waited for the concurrency cap"
