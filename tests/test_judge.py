@@ -7,6 +7,7 @@ import pytest
 
 from flagtrial import stats
 from flagtrial.facts import Facts, FactsDiff, diff_facts
+from flagtrial.guardrails import SLO
 from flagtrial.judge import Effect, Verdict, decide
 from flagtrial.load.summary import RunSummary
 from flagtrial.reasons import MESSAGES, Code, Reason
@@ -206,3 +207,20 @@ def test_messages_are_rendered_from_the_values(
 
 def test_every_code_has_a_message() -> None:
     assert set(MESSAGES) == set(Code)
+
+
+def test_the_slo_is_counted_up_from_the_lowest_level() -> None:
+    """An arm that misses the SLO at its lowest level meets it nowhere, whatever a higher level
+    read; a level whose requests were not counted ends the count; open loop names the rate."""
+    policy = Policy(slo_good_share=0.9)
+
+    def level(c: int, good: int | None, rate: float | None = None) -> list[RunSummary]:
+        return [summary(300.0, c=c).model_copy(update={"n_good": good, "offered_rate": rate})]
+
+    missed = SLO.highest(policy, "candidate", {1: level(1, 12), 4: level(4, 16)})
+    assert missed is not None and missed.code == Code.SLO_MISSED
+    assert (missed.values["level"], missed.values["share"]) == (1, 0.75)
+    uncounted = SLO.highest(policy, "known-good", {1: level(1, 16, 2.0), 4: level(4, None)})
+    assert uncounted is not None and uncounted.code == Code.SLO_MET_ALL
+    assert (uncounted.values["level"], uncounted.values["load"]) == (1, "2 req/s (c=1)")
+    assert SLO.highest(policy, "known-good", {1: level(1, None)}) is None

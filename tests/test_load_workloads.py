@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from flagtrial.errors import ProjectError
+from flagtrial.facts import request_tokens
 from flagtrial.load.prompts import plan_request
-from flagtrial.load.runner import arrival_offsets, run_level
+from flagtrial.load.runner import RunResult, arrival_offsets, run_level
 from flagtrial.load.workload import Lengths, Workload
 from flagtrial.settings import parse_project
 from harness.cli import cli
-from harness.scripted import HEAD, STREAM, chunked, read_request
+from harness.scripted import HEAD, STREAM, USAGE, chunked, event, read_request
 
 LOGNORMAL = Lengths(distribution="lognormal", mean=24, spread=0.6)
 
@@ -192,3 +193,116 @@ def test_two_client_processes_send_one_run_on_one_clock() -> None:
     closed = Workload(concurrency=[4], max_tokens=3, client_processes=2)
     assert asyncio.run(measure(closed)) == (24, 72)
     assert sorted(seen) == list(range(24))
+
+
+def chat_text(token: str) -> bytes:
+    return event({"choices": [{"index": 0, "delta": {"content": token}}]})
+
+
+def test_chat_turns_send_the_conversation_so_far_with_the_servers_answers() -> None:
+    # The server answers each turn with words naming it, in two pieces; the request of turn
+    # 500 fails. Each later turn must carry every earlier user turn and answer, as streamed.
+    seen: list[list[dict[str, str]]] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (body := await read_request(reader)) is not None:
+            messages = json.loads(body)["messages"]
+            seen.append(messages)
+            index = messages[-1]["content"].split()[0]
+            if index == "7":
+                writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+                continue
+            stream = chat_text("answer ") + chat_text(f"to {index}") + USAGE + event("[DONE]")
+            writer.write(HEAD + chunked(stream) + chunked(b""))
+        writer.close()
+
+    async def measure(w: Workload, concurrency: int) -> RunResult:
+        server = await asyncio.start_server(script, "127.0.0.1", 0)
+        try:
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            return await run_level(url, w, concurrency, n_requests=11, warmup=False, seed=3)
+        finally:
+            server.close()
+
+    w = Workload(api="chat", turns=3, prompt_words=6, max_tokens=2)
+    result = asyncio.run(measure(w, 2))
+    # conversations 0-2, 3-5, 6-8 (turn 7 fails: 8 is never sent), 9-10 (cut short)
+    assert sorted(int(m[-1]["content"].split()[0]) for m in seen) == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
+    for messages in seen:
+        index = int(messages[-1]["content"].split()[0])
+        first = index - index % 3
+        asked = [plan_request(w, i, 3).prompt for i in range(first, index + 1)]
+        answers = [f"answer to {i}" for i in range(first, index)]
+        assert messages == [
+            *({"role": role, "content": text} for pair in zip(asked, answers, strict=False)
+              for role, text in zip(("user", "assistant"), pair, strict=True)),
+            {"role": "user", "content": asked[-1]},
+        ]  # fmt: skip
+    s = result.summary
+    assert (s.n_requests, s.n_ok, s.errors, s.turns) == (10, 9, {"HTTP 500": 1}, 3)
+    # open loop from two processes: whole conversations dealt out, arriving at the rate,
+    # their turns still one after another with their own answers
+    paced = w.model_copy(update={"concurrency": [4], "request_rate": [50.0], "client_processes": 2})
+    seen.clear()
+    assert asyncio.run(measure(paced, 4)).summary.n_requests == 10
+    assert all(
+        m[1::2]
+        == [
+            {"role": "assistant", "content": f"answer to {int(u['content'].split()[0])}"}
+            for u in m[:-1:2]
+        ]
+        for m in seen
+    )
+
+
+def test_turns_need_the_chat_api() -> None:
+    with pytest.raises(ValueError, match='turns above 1 need api = "chat"'):
+        Workload(turns=2)
+
+
+@pytest.mark.slow
+def test_chat_turns_are_served_from_the_servers_prefix_cache(
+    run_llama_server, tiny_model: Path
+) -> None:  # type: ignore[no-untyped-def]
+    url = run_llama_server(tiny_model, "-t", "1", "-c", "4096", "-np", "2")
+    w = Workload(api="chat", turns=3, prompt_words=24, max_tokens=16)
+    result = asyncio.run(run_level(url, w, 2, n_requests=6, warmup=False, seed=4))
+    assert (result.summary.n_ok, result.summary.turns) == (6, 3)
+    records = result.records
+    for first in (0, 3):  # each conversation's records in turn order
+        turns = records[first : first + 3]
+        prompts = [r.prompt_tokens or 0 for r in turns]
+        # every turn re-sends the ones before with their answers: the prompt grows by more
+        # than the answer, and the server's cache serves at least the last turn's prompt
+        assert all(
+            b > a + r.output_tokens
+            for (a, b), r in zip(itertools.pairwise(prompts), turns[:2], strict=True)
+        )
+        assert all((r.cached_tokens or 0) >= a for a, r in zip(prompts[:2], turns[1:], strict=True))
+    assert result.summary.cached_prompt_share is not None
+    assert result.summary.cached_prompt_share > 0.4
+
+
+def test_a_chats_request_holds_its_last_turn_with_every_answer_at_full_length() -> None:
+    # A server that counts words as tokens and answers one word: the probe's last turn had
+    # one-word answers; a run's has max_tokens-long ones.
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (body := await read_request(reader)) is not None:
+            words = sum(len(m["content"].split()) for m in json.loads(body)["messages"])
+            usage = event(
+                {"choices": [], "usage": {"prompt_tokens": words, "completion_tokens": 1}}
+            )
+            writer.write(HEAD + chunked(chat_text("x") + usage + event("[DONE]")) + chunked(b""))
+        writer.close()
+
+    async def measure(w: Workload) -> float | None:
+        server = await asyncio.start_server(script, "127.0.0.1", 0)
+        try:
+            return await request_tokens(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", w)
+        finally:
+            server.close()
+
+    chat = Workload(api="chat", prompt_words=6, max_tokens=10)
+    assert asyncio.run(measure(chat)) == 6 + 10
+    # the 5th turn: 5 user turns of 6 words and 4 answers of 10, then its own 10
+    assert asyncio.run(measure(chat.model_copy(update={"turns": 5}))) == 5 * 6 + 4 * 10 + 10

@@ -361,6 +361,40 @@ def test_goodput_as_the_primary_metric() -> None:
     )
 
 
+def test_each_arm_is_reported_with_the_highest_level_that_meets_the_slo() -> None:
+    """The SLO (99 % of requests within 1 s TTFT and 0.1 s ITL) read from every run's own
+    requests: both arms keep it at c=1; at c=8 the candidate's TTFT is 1.5 s."""
+
+    def records(ttft: float) -> list[RequestRecord]:
+        return [
+            RequestRecord(True, None, 200, i * 0.25, i * 0.25 + 1.0, ttft, [0.02] * 10, 11)
+            for i in range(16)
+        ]
+
+    policy = Policy(goodput_ttft_max_s=1.0, primary_concurrency=1)
+    seq = Sequential(policy, [1, 8], design=INTERLEAVED)
+    while isinstance(step := seq.decision(), Continue):
+        for level in (1, 8):
+            slow = step.arm == "candidate" and level == 8
+            seq.observe(
+                step.arm, level, summary(300.0, c=level), records=records(1.5 if slow else 0.5)
+            )
+    verdict = step.verdict(policy, NO_DIFF)
+    slo = {
+        r.values["arm"]: r for r in verdict.reasons if r.code in {Code.SLO_MET, Code.SLO_MET_ALL}
+    }
+    assert (slo["known-good"].code, slo["known-good"].values["level"]) == (Code.SLO_MET_ALL, 8)
+    candidate = slo["candidate"]
+    assert (candidate.code, candidate.values["level"], candidate.values["over_level"]) == (
+        Code.SLO_MET, 1, 8
+    )  # fmt: skip
+    assert candidate.values["over_share"] == 0.0
+    assert candidate.message == (
+        "SLO (99% of requests within TTFT 1 s and ITL 0.1 s): candidate meets it up to c=1 "
+        "(100.0% there), not at c=8 (0.0%)"
+    )
+
+
 @pytest.mark.parametrize("kind", ["interleaved", "before-after"])
 def test_design_chosen_after_the_first_block(kind: DesignKind) -> None:
     """The first block is the same in both designs, so its run time can choose the design:

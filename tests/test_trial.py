@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code
 from flagtrial.session import Session
 from flagtrial.targets.process import ProcessTarget
-from flagtrial.trial import Trial
+from flagtrial.trial import Trial, TrialOutcome
 from harness.cli import cli
 from harness.project import update_project_file, write_project_file
 from harness.session import session_for
@@ -220,6 +222,67 @@ def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> No
     assert [r.arm for r in runs if r.block == first + 1] == ["candidate"]
     assert any("again: the last was disturbed" in d for _, d in events)
     assert outcome.verdict.first({Code.DISTURBED}) is not None
+
+
+def test_a_client_starved_of_cpu_sets_every_run_aside_and_the_trial_says_so(
+    project: Project,
+) -> None:
+    """From the known-good's first run on, the load client's thread gets a sliver of a CPU
+    (nice 19, on the one core a busy thread of its own process holds: about 1.5 % of it, what
+    a load generator in a small container or on a busy host gets), so the real server's
+    responses wait in it: every run is set aside as client-bound, and the trial ends too
+    busy to measure, the candidate never started."""
+    project.add_policy('protocol = "before-after"', "runs = 12", "max_runs = 12")
+    # little work a run: the ten runs "too busy" needs go fast even for a starved client
+    update_project_file(
+        project.file, "[workload]\nconcurrency = [2]\nrequests_per_run = 4\nmax_tokens = 8\n"
+    )
+    core = max(os.sched_getaffinity(0))
+    done = threading.Event()
+    events: list[tuple[str, str]] = []
+    outcome: list[TrialOutcome | BaseException] = []
+
+    def hog() -> None:
+        os.sched_setaffinity(0, {core})
+        data = bytes(1 << 24)
+        while not done.is_set():
+            hashlib.sha256(data)  # releases the GIL: the core is busy, the client is not
+
+    def starve(state: str, detail: str) -> None:
+        if state == "measuring-baseline":  # on the event loop's thread: the load client's
+            os.sched_setaffinity(0, {core})  # this thread only, as the nice below
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+    async def trial() -> TrialOutcome:
+        # the helper threads hygiene samples the machine from, started before the starving
+        # (a thread inherits its creator's share): only the client is starved
+        ready = threading.Barrier(2)
+        await asyncio.gather(*(asyncio.to_thread(ready.wait) for _ in range(2)))
+        change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
+        return await Trial(project.session(events, on_event=starve), change).run()
+
+    def run_trial() -> None:  # its own thread: the starved share ends with it
+        try:
+            outcome.append(asyncio.run(trial()))
+        except BaseException as e:
+            outcome.append(e)
+
+    threads = [threading.Thread(target=hog), threading.Thread(target=run_trial)]
+    for t in threads:
+        t.start()
+    threads[1].join(timeout=300)
+    done.set()
+    threads[0].join()
+    assert len(outcome) == 1 and isinstance(outcome[0], TrialOutcome), outcome
+    verdict = outcome[0].verdict
+    busy = verdict.first({Code.BUSY})
+    assert verdict.decision == "INCONCLUSIVE" and busy is not None, verdict.reasons
+    assert "client-bound: the load client was busy" in str(busy.values["last"])
+    runs = Ledger(project.root / ".flagtrial" / "ledger.db").runs(outcome[0].trial_id)
+    aside = [r for r in runs if r.disturbed]
+    assert {r.arm for r in runs} == {"baseline"} and len(aside) > len(runs) / 2
+    assert all("client-bound: the load client was busy" in (r.disturbed or "") for r in aside)
+    assert not any(state == "installing" for state, _ in events)
 
 
 def test_unknown_flag_fails_before_anything_changes(project: Project) -> None:

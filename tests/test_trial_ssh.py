@@ -12,6 +12,7 @@ import pytest
 
 from flagtrial.errors import TargetError
 from flagtrial.launch.change import Change, Edit
+from flagtrial.ledger import Ledger
 from harness.cli import cli
 from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 from harness.project import update_project_file
@@ -54,6 +55,11 @@ def test_seed_story_over_ssh(host: SystemdHost, project: Path) -> None:
         -50.0,
     )
     assert outcome["restore"]["verified"] is True
+    # each arm's highest level that meets the SLO, beside the verdict and in the ledger
+    stored = Ledger(project.parent / ".flagtrial" / "ledger.db").trial(outcome["trial_id"])
+    for reasons in (outcome["verdict"]["reasons"], [r.model_dump() for r in stored.reasons]):
+        slo = sorted(r["values"]["arm"] for r in reasons if r["code"].startswith("slo-"))
+        assert slo == ["candidate", "known-good"]
     assert host.read(UNIT_PATH) == KNOWN_GOOD.encode()
     assert host.sh("systemctl is-active llama.service").stdout.strip() == "active"
 

@@ -59,9 +59,11 @@ class Blocks:
             own_pid = os.getpid() if s.target.local else None
             load = foreign_load(before, after, state.pid, own_pid) if before and after else None
             before = after
-            why = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
-            # a run the load client could not keep up with measured the client
-            why = why or client_bound(result.summary)
+            foreign = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
+            # a run the load client could not keep up with measured the client; both reasons
+            # when both hold (foreign load may be what starved the client)
+            reasons = [r for r in (foreign, client_bound(result.summary)) if r]
+            why = "; ".join(reasons) if reasons else None
             set_aside = why is not None and project.policy.set_aside_disturbed
             now = time.monotonic()
             seq.observe(
@@ -92,4 +94,6 @@ def _delayed(summary: RunSummary) -> str:
     rate asked, which the run still measures)."""
     if not summary.n_delayed:
         return ""
+    if summary.turns > 1:  # a conversation waits once, for its first turn
+        return f"; {summary.n_delayed} conversations waited for the concurrency cap"
     return f"; {summary.n_delayed} of {summary.n_requests} requests waited for the concurrency cap"

@@ -135,11 +135,13 @@ async def request_tokens(base_url: str, workload: Workload) -> float | None:
     from flagtrial.load.runner import run_level  # httpx and numpy: only where load is sent
 
     probe = workload.model_copy(update={"max_tokens": 1, "ignore_eos": False})
-    result = await run_level(
-        base_url, probe, 1, n_requests=MEASURED_PROMPTS, warmup=False, seed=_MEASURE_SEED
-    )
+    n = max(MEASURED_PROMPTS, workload.turns)  # a chat's first conversation whole
+    result = await run_level(base_url, probe, 1, n_requests=n, warmup=False, seed=_MEASURE_SEED)
     counted = [r.prompt_tokens for r in result.records if r.ok and r.prompt_tokens]
-    return float(max(counted) + workload.max_tokens) if counted else None
+    # a chat's last turn is the longest: it re-sends every earlier answer, one token each in
+    # the probe, up to max_tokens each in a run
+    grown = (workload.turns - 1) * (workload.max_tokens - 1)
+    return float(max(counted) + workload.max_tokens + grown) if counted else None
 
 
 class CapacityChange(BaseModel):

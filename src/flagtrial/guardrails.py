@@ -196,3 +196,49 @@ class Primary:
 
 
 PRIMARY = Primary()
+
+
+class Slo:
+    """Not a guardrail (nothing reverts on it): each arm's highest workload level whose clean
+    runs kept the SLO, at least slo_good_share of their requests within both goodput limits,
+    counted up from the lowest level to the first that missed it (or was not counted). A
+    per-arm fact beside the verdict, not a metric: it is a threshold over levels, read once
+    at the end, with no interval the procedure could stop on (README, "How a verdict is
+    reached")."""
+
+    def check(self, policy: Policy, evidence: Evidence) -> list[Reason]:
+        arms = (("known-good", evidence.baseline), ("candidate", evidence.candidate))
+        return [r for arm, runs in arms if (r := self.highest(policy, arm, runs)) is not None]
+
+    def highest(
+        self, policy: Policy, arm: str, by_level: Mapping[int, Sequence[RunSummary]]
+    ) -> Reason | None:
+        limits: dict[str, Value] = {
+            "arm": arm,
+            "target": policy.slo_good_share,
+            "ttft_max": policy.goodput_ttft_max_s,
+            "itl_max": policy.goodput_itl_max_s,
+        }
+        met: dict[str, Value] | None = None
+        for level in sorted(by_level):
+            counted = [r for r in by_level[level] if r.n_good is not None]
+            total = sum(r.n_requests for r in counted)
+            if not total:
+                break
+            rate = counted[0].offered_rate
+            found: dict[str, Value] = {
+                "level": level,
+                "share": sum(r.n_good or 0 for r in counted) / total,
+                "requests": total,
+                "load": f"{rate:g} req/s (c={level})" if rate is not None else f"c={level}",
+            }
+            if float(found["share"]) < policy.slo_good_share:
+                if met is None:
+                    return Reason(code=Code.SLO_MISSED, values={**limits, **found})
+                over = {f"over_{k}": v for k, v in found.items()}
+                return Reason(code=Code.SLO_MET, values={**limits, **met, **over})
+            met = found
+        return None if met is None else Reason(code=Code.SLO_MET_ALL, values={**limits, **met})
+
+
+SLO = Slo()

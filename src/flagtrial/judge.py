@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from flagtrial.facts import FactsDiff
-from flagtrial.guardrails import GUARDRAILS, METRICS, PRIMARY, Evidence, Finding
+from flagtrial.guardrails import GUARDRAILS, METRICS, PRIMARY, SLO, Evidence, Finding
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.reasons import EFFECT, Code, Reason, Value
@@ -23,16 +23,10 @@ from flagtrial.settings import Policy
 Decision = Literal["KEEP", "REVERT", "INCONCLUSIVE"]
 
 
-def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> float:
-    """Requests per second that succeeded within both limits: TTFT, and mean inter-token
-    latency (time per output token after the first). Over the run's whole duration.
-
-    None good counts as half a request: a collapse must show as a large drop on the log
-    scale, not as a run without a value."""
-    if not records:
-        return 0.0
-    duration = max(r.end for r in records) - min(r.start for r in records)
-    good = sum(
+def good_requests(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> int:
+    """Requests that succeeded within both limits: TTFT, and mean inter-token latency (time
+    per output token after the first)."""
+    return sum(
         1
         for r in records
         if r.ok
@@ -40,6 +34,18 @@ def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: floa
         and r.ttft_s <= ttft_max_s
         and (not r.itl_s or sum(r.itl_s) / len(r.itl_s) <= itl_max_s)
     )
+
+
+def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> float:
+    """Requests per second that succeeded within both limits (good_requests), over the run's
+    whole duration.
+
+    None good counts as half a request: a collapse must show as a large drop on the log
+    scale, not as a run without a value."""
+    if not records:
+        return 0.0
+    duration = max(r.end for r in records) - min(r.start for r in records)
+    good = good_requests(records, ttft_max_s, itl_max_s)
     return max(good, 0.5) / duration if duration > 0 else 0.0
 
 
@@ -127,6 +133,7 @@ def decide(
         if short:
             reasons.append(Reason(code=Code.SHORT_OUTPUTS, values={"count": short, "arm": arm}))
     reasons += [r for r in checked if not r.breach]
+    reasons += SLO.check(policy, evidence)
 
     finding, lead = PRIMARY.check(policy, evidence, cost=bool(costs))
     decision: Decision

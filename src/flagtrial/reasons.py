@@ -50,6 +50,10 @@ class Code(StrEnum):
     COUNTED_ANYWAY = "counted-anyway"
     IMPLICIT_CHANGE = "implicit-change"
     SHORT_OUTPUTS = "short-outputs"
+    # each arm's highest workload level that kept the SLO (guardrails.Slo)
+    SLO_MET = "slo-met"
+    SLO_MET_ALL = "slo-met-all"
+    SLO_MISSED = "slo-missed"
     # the trial's own: early REVERTs and what it saw while switching arms
     CANDIDATE_NOT_READY = "candidate-not-ready"
     SERVER_DIED = "server-died"
@@ -86,6 +90,7 @@ EFFECT = (
 )
 _SPENT = "{baseline_runs}+{candidate_runs} runs at c={level}, {seconds:.0f}s"
 _AFTER = "after {after} {unit}"
+_SLO = "SLO ({target:.0%} of requests within TTFT {ttft_max:g} s and ITL {itl_max:g} s)"
 MESSAGES: dict[Code, str] = {
     Code.GAIN: f"real improvement: {EFFECT}, the whole interval above +{{margin:g}} %",
     Code.HARM: f"harmful: {EFFECT}, the whole interval below -{{margin:g}} %",
@@ -150,6 +155,12 @@ MESSAGES: dict[Code, str] = {
         "warning: {count} {arm} requests returned fewer tokens than max_tokens (the server cut "
         "them, e.g. a full slot context): throughput compares unequal work"
     ),
+    Code.SLO_MET: (
+        f"{_SLO}: {{arm}} meets it up to {{load}} ({{share:.1%}} there), not at {{over_load}} "
+        "({over_share:.1%})"
+    ),
+    Code.SLO_MET_ALL: f"{_SLO}: {{arm}} meets it at every level, up to {{load}} ({{share:.1%}})",
+    Code.SLO_MISSED: f"{_SLO}: {{arm}} misses it from the lowest level, {{load}} ({{share:.1%}})",
     Code.CANDIDATE_NOT_READY: "{error}",
     Code.SERVER_DIED: "{error}",
     Code.BASELINE_FACTS_CHANGED: (

@@ -25,7 +25,7 @@ from flagtrial import stats
 from flagtrial.designs import Arm, Block, Design, Phase, Run, choose_design
 from flagtrial.facts import FactsDiff
 from flagtrial.guardrails import MEASURED, METRICS, PRIMARY, Evidence
-from flagtrial.judge import Effect, Verdict, decide, goodput
+from flagtrial.judge import Effect, Verdict, decide, good_requests, goodput
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.reasons import Code, Reason, Value
@@ -133,6 +133,10 @@ class Sequential:
                 value = getattr(summary, metric)
             if value is not None and value > 0:
                 values[metric] = float(value)
+        if records is not None:  # for the SLO each arm is reported to meet (guardrails.Slo)
+            p = self.policy
+            good = good_requests(records, p.goodput_ttft_max_s, p.goodput_itl_max_s)
+            summary = summary.model_copy(update={"n_good": good})
         flagged = disturbed
         if not self.policy.set_aside_disturbed:
             disturbed = None

@@ -29,6 +29,13 @@ class Policy(BaseModel):
     goodput_itl_max_s: float = Field(
         0.1, gt=0, description="goodput: a request's mean inter-token latency limit"
     )
+    slo_good_share: float = Field(
+        0.99,
+        gt=0,
+        le=1,
+        description="the SLO a workload level meets when at least this share of its requests "
+        "keep both goodput limits; each arm's highest level that meets it is reported",
+    )
     primary_concurrency: int | None = Field(
         None,
         description="concurrency level the objective is read at (default: the highest)",

@@ -33,6 +33,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     max_tokens: int | None = None  # what the request asked for
     cached_tokens: int | None = None  # prompt tokens the server served from its cache
+    answer: str | None = None  # the streamed answer's text, kept only for a chat's next turn
 
 
 class _RequestError(Exception):
@@ -81,6 +82,13 @@ def _error_name(payload: Any) -> str:
     return str(err)[:120]
 
 
+def _answer_text(chunk: dict[str, Any]) -> str:
+    """The answer's text in one chat stream chunk, as a chat client sends it back in the next
+    turn (reasoning text is not)."""
+    choices = chunk.get("choices") or []
+    return ((choices[0].get("delta") or {}).get("content") or "") if choices else ""
+
+
 def _chunk_text(chunk: dict[str, Any]) -> str:
     """Generated text in one stream chunk (reasoning text counts: it is output too)."""
     choices = chunk.get("choices") or []
@@ -97,7 +105,7 @@ class _Stream:
     """One streamed completion as its bytes arrive (a `load.http.Receiver`): the time of each
     read that carried text, the usage chunk, and how it ended."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, keep_answer: bool = False) -> None:
         self.ended: asyncio.Future[None] = loop.create_future()
         self.code: int | None = None
         self.error_body = bytearray()
@@ -107,6 +115,8 @@ class _Stream:
         self.done = False  # [DONE] came
         self.sent_at = 0.0
         self.cached: int | None = None
+        # only a multi-turn chat keeps the text: no per-token objects otherwise
+        self.answer: list[str] | None = [] if keep_answer else None
 
     def status(self, code: int) -> None:
         self.code = code
@@ -133,6 +143,8 @@ class _Stream:
                 return self._end(_RequestError(f"stream error: {_error_name(chunk)}"))
             if _chunk_text(chunk):
                 self.text_times.append(at)
+            if self.answer is not None:
+                self.answer.append(_answer_text(chunk))
             if chunk.get("usage"):
                 self.usage = chunk["usage"]
             if "usage" in chunk or "timings" in chunk:
@@ -206,11 +218,13 @@ async def send_request(
     request: Request,
     *,
     run_deadline: float | None = None,
+    keep_answer: bool = False,
 ) -> RequestRecord:
     """Stream one request and record it; never raises for server or network failures.
 
     `run_deadline` (event-loop time) is the run's wall bound: a request still in flight then is
     cancelled and recorded as "cancelled at run bound", distinct from its own "timeout".
+    `keep_answer`: the record keeps the answer's text (a chat's next turn sends it back).
     """
     loop = asyncio.get_running_loop()
     request_deadline = loop.time() + workload.request_timeout_s
@@ -222,7 +236,7 @@ async def send_request(
     streams: list[_Stream] = []
 
     def stream_of() -> _Stream:
-        streams.append(_Stream(loop))
+        streams.append(_Stream(loop, keep_answer))
         return streams[-1]
 
     error: str | None = None
@@ -250,4 +264,5 @@ async def send_request(
         prompt_tokens=usage.get("prompt_tokens"),
         max_tokens=request.max_tokens,
         cached_tokens=stream.cached if stream else None,
+        answer="".join(stream.answer) if stream and stream.answer is not None else None,
     )

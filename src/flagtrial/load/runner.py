@@ -12,17 +12,27 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from flagtrial.load.client import RequestRecord, send_request
 from flagtrial.load.client_load import ClientLoad
 from flagtrial.load.http import Pool
-from flagtrial.load.prompts import plan_request
+from flagtrial.load.prompts import Request, plan_request
 from flagtrial.load.summary import RunSummary, summarize
 from flagtrial.load.workload import Workload
 
 # Open loop from several processes: time for them all to start (spawned interpreters import
 # flagtrial's load modules) before the first arrival is due.
 START_GRACE_S = 3.0
+
+
+# A conversation: the indices of its requests, one per turn (one for a plain request).
+Conversation = tuple[int, ...]
+
+
+def conversations(indices: range, turns: int) -> list[Conversation]:
+    """`indices` as conversations of `turns` requests, in order (the last one cut short)."""
+    return [tuple(indices[k : k + turns]) for k in range(0, len(indices), turns)]
 
 
 @dataclass
@@ -33,37 +43,66 @@ class RunResult:
     records: list[RequestRecord]
 
 
+async def _converse(
+    pool: Pool, workload: Workload, turns: Conversation, seed: int, run_deadline: float
+) -> list[RequestRecord]:
+    """One conversation's requests, one after another: a single index is one plain request;
+    more are chat turns, each sending the whole conversation so far (the earlier user turns
+    and the answers as the server streamed them). A failed turn ends its conversation (the
+    next has no answer to send back); so does the run's bound."""
+    loop = asyncio.get_running_loop()
+    chat = len(turns) > 1
+    history: list[dict[str, Any]] = []
+    records = []
+    for index in turns:
+        if loop.time() >= run_deadline:
+            break
+        request = plan_request(workload, index, seed)
+        if chat:
+            asked = {"role": "user", "content": request.prompt}
+            request = Request(None, [*history, asked], request.max_tokens)
+        record = await send_request(
+            pool, workload, request, run_deadline=run_deadline, keep_answer=chat
+        )
+        records.append(record)
+        if not record.ok:
+            break
+        if chat:
+            history += [asked, {"role": "assistant", "content": record.answer or ""}]
+    return records
+
+
 async def _closed_loop(
     pool: Pool,
     workload: Workload,
     concurrency: int,
-    indices: Sequence[int],
+    conversations: Sequence[Conversation],
     seed: int,
 ) -> list[RequestRecord]:
-    """Send one request per index with `concurrency` in flight, within workload.run_timeout_s.
+    """Send every conversation with `concurrency` in flight, within workload.run_timeout_s.
 
     Every request started gets a record: one in flight at the bound is recorded as an error.
     """
     loop = asyncio.get_running_loop()
     run_deadline = loop.time() + workload.run_timeout_s
-    pending = iter(indices)
+    pending = iter(conversations)
     records: list[RequestRecord] = []
 
     async def worker() -> None:
-        # One event loop: taking the next index between awaits needs no lock.
-        for index in pending:
+        # One event loop: taking the next conversation between awaits needs no lock.
+        for turns in pending:
             if loop.time() >= run_deadline:
                 return
-            request = plan_request(workload, index, seed)
-            records.append(await send_request(pool, workload, request, run_deadline=run_deadline))
+            records.extend(await _converse(pool, workload, turns, seed, run_deadline))
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(indices)))))
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(conversations)))))
     return records
 
 
-def arrival_offsets(workload: Workload, rate: float, indices: range) -> list[float]:
-    """When each request is due, in seconds from the run's start: exponential gaps (Poisson)
-    or even ones, drawn by index alone so both arms see the same arrivals."""
+def arrival_offsets(workload: Workload, rate: float, indices: Sequence[int]) -> list[float]:
+    """When each request (or conversation, by its first index) is due, in seconds from the
+    run's start: exponential gaps (Poisson) or even ones, drawn by index alone so both arms
+    see the same arrivals."""
     offsets, at = [], 0.0
     for index in indices:
         offsets.append(at)
@@ -76,33 +115,32 @@ async def _open_loop(
     pool: Pool,
     workload: Workload,
     concurrency: int,
-    arrivals: list[tuple[int, float]],
+    arrivals: Sequence[tuple[Conversation, float]],
     start: float,
     seed: int,
 ) -> tuple[list[RequestRecord], int]:
-    """Send request `index` at `start + offset` (event-loop time) for each of `arrivals`, at
-    most `concurrency` in flight, within workload.run_timeout_s: the records, and how many had
-    to wait for a free slot (then the offered rate was not what the server got)."""
+    """Start each conversation of `arrivals` at `start + offset` (event-loop time), at most
+    `concurrency` in flight, within workload.run_timeout_s: the records, and how many had to
+    wait for a free slot (then the offered rate was not what the server got)."""
     loop = asyncio.get_running_loop()
     run_deadline = start + workload.run_timeout_s
     slots = asyncio.Semaphore(concurrency)
     records: list[RequestRecord] = []
     delayed = 0
 
-    async def one(index: int) -> None:
+    async def one(turns: Conversation) -> None:
         nonlocal delayed
         if slots.locked():
             delayed += 1
         async with slots:
-            request = plan_request(workload, index, seed)
-            records.append(await send_request(pool, workload, request, run_deadline=run_deadline))
+            records.extend(await _converse(pool, workload, turns, seed, run_deadline))
 
     tasks = []
-    for index, offset in arrivals:
+    for turns, offset in arrivals:
         if start + offset >= run_deadline:
             break
         await asyncio.sleep(max(0.0, start + offset - loop.time()))
-        tasks.append(asyncio.create_task(one(index)))
+        tasks.append(asyncio.create_task(one(turns)))
     await asyncio.gather(*tasks)
     return records, delayed
 
@@ -110,16 +148,16 @@ async def _open_loop(
 @dataclass
 class Share:
     """What one client process sends of a run: its part of the concurrency and of the
-    requests, and (open loop) when each is due, from `start` (time.monotonic, the clock
+    conversations, and (open loop) when each is due, from `start` (time.monotonic, the clock
     every process shares and asyncio's own)."""
 
     base_url: str
     workload: Workload
     concurrency: int
-    warmup: list[int]
-    measured: list[int]
+    warmup: list[Conversation]
+    measured: list[Conversation]
     seed: int
-    arrivals: list[tuple[int, float]] | None = None
+    arrivals: list[float] | None = None  # one offset per measured conversation
     start: float = 0.0
 
 
@@ -144,9 +182,8 @@ async def _send(share: Share) -> Sent:
                 delayed = 0
             else:
                 start = max(share.start, time.monotonic())
-                opened = await _open_loop(
-                    pool, w, share.concurrency, share.arrivals, start, share.seed
-                )
+                due = list(zip(share.measured, share.arrivals, strict=True))
+                opened = await _open_loop(pool, w, share.concurrency, due, start, share.seed)
                 records, delayed = opened
     finally:
         pool.close()
@@ -160,22 +197,18 @@ def _send_in_process(share: Share) -> Sent:
 
 def split(share: Share, processes: int) -> list[Share]:
     """`share` dealt to `processes` client processes: concurrency as evenly as it goes (none
-    gets 0), requests dealt in turn, each keeping its arrival times."""
+    gets 0), conversations dealt in turn, each keeping its arrival time."""
     n = max(1, min(processes, share.concurrency))
-    due = dict(share.arrivals) if share.arrivals is not None else None
-    parts = []
-    for k in range(n):
-        measured = share.measured[k::n]
-        parts.append(
-            dataclasses.replace(
-                share,
-                concurrency=share.concurrency // n + (k < share.concurrency % n),
-                warmup=share.warmup[k::n],
-                measured=measured,
-                arrivals=[(i, due[i]) for i in measured] if due is not None else None,
-            )
+    return [
+        dataclasses.replace(
+            share,
+            concurrency=share.concurrency // n + (k < share.concurrency % n),
+            warmup=share.warmup[k::n],
+            measured=share.measured[k::n],
+            arrivals=share.arrivals[k::n] if share.arrivals is not None else None,
         )
-    return parts
+        for k in range(n)
+    ]
 
 
 async def _send_all(shares: list[Share]) -> Sent:
@@ -218,18 +251,13 @@ async def run_level(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     n = workload.requests_per_run if n_requests is None else n_requests
     n_warmup = workload.warmup_requests if warmup else 0
-    measured = list(range(n_warmup, n_warmup + n))
+    measured = conversations(range(n_warmup, n_warmup + n), workload.turns)
     rate = workload.rate(concurrency)
     arrivals = None
     if rate is not None:
-        arrivals = list(
-            zip(
-                measured,
-                arrival_offsets(workload, rate, range(n_warmup, n_warmup + n)),
-                strict=True,
-            )
-        )
-    share = Share(base_url, workload, concurrency, list(range(n_warmup)), measured, seed, arrivals)
+        arrivals = arrival_offsets(workload, rate, [turns[0] for turns in measured])
+    warm = conversations(range(n_warmup), workload.turns)
+    share = Share(base_url, workload, concurrency, warm, measured, seed, arrivals)
     shares = split(share, workload.client_processes)
     if len(shares) > 1 and arrivals is not None:
         # every process starts the arrivals at one moment, once all have started
@@ -242,5 +270,7 @@ async def run_level(
         ignore_eos=workload.ignore_eos,
         client=sent.client,
         n_delayed=sent.delayed,
+        turns=workload.turns,
+        offered_rate=rate,
     )
     return RunResult(summary=summary, records=sent.records)

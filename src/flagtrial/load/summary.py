@@ -45,8 +45,17 @@ class RunSummary(BaseModel):
     # waiting for one (near 1.0 it could send and read no faster), and how late it woke.
     client_busy_share: float = 0.0
     client_lag_p99_s: float | None = None
-    # Open loop: requests that arrived while the concurrency cap was full and waited.
+    # Open loop: requests (conversations, with turns) that arrived while the concurrency cap
+    # was full and waited.
     n_delayed: int = 0
+    # Chat turns per conversation: each turn sent the conversation so far, so from the second
+    # on most of its prompt is what the server saw (and may have cached) the turn before.
+    turns: int = 1
+    # Open loop: the rate asked at this level (request_rate counts what the server did).
+    offered_rate: float | None = None
+    # Requests that kept the policy's goodput limits (counted by the procedure, which holds
+    # the policy; None when not counted).
+    n_good: int | None = None
     # Prompt tokens the server says it served from its cache, of all prompt tokens it counted
     # (None where it reports neither).
     cached_prompt_share: float | None = None
@@ -65,6 +74,8 @@ def summarize(
     ignore_eos: bool = False,
     client: ClientLoad | None = None,
     n_delayed: int = 0,
+    turns: int = 1,
+    offered_rate: float | None = None,
 ) -> RunSummary:
     """Summarise the measured records of one run at `concurrency` (see RunSummary for rules)."""
     ok = [r for r in records if r.ok]
@@ -93,9 +104,12 @@ def summarize(
         e2e_p50=e2e_p50,
         errors=dict(Counter(r.error for r in records if r.error is not None)),
         n_short=sum(1 for r in ok if ignore_eos and r.output_tokens < (r.max_tokens or 0)),
-        client_busy_share=client.busy_s / duration if client and duration > 0 else 0.0,
+        # the watched span starts before the first request: never more than the whole run
+        client_busy_share=min(client.busy_s / duration, 1.0) if client and duration > 0 else 0.0,
         client_lag_p99_s=_percentiles(client.lags_s, (99,))[0] if client else None,
         n_delayed=n_delayed,
+        turns=turns,
+        offered_rate=offered_rate,
         cached_prompt_share=_cached_share(ok),
     )
 

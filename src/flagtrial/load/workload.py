@@ -50,9 +50,9 @@ class Workload(BaseModel):
     )
     request_rate: list[PositiveFloat] | None = Field(
         default=None,
-        description="Open loop: requests per second at each concurrency level, in order, "
-        "arriving whatever the server does; unset, each worker sends its next request when "
-        "its last one ends (closed loop).",
+        description="Open loop: requests (with turns, conversations) per second at each "
+        "concurrency level, in order, arriving whatever the server does; unset, each worker "
+        "sends its next request when its last one ends (closed loop).",
         examples=[[2.0, 8.0, 16.0]],
     )
     arrival: Literal["poisson", "constant"] = Field(
@@ -87,6 +87,15 @@ class Workload(BaseModel):
         "optionally `max_tokens` (capped at max_tokens); relative to the project file.",
         examples=["traffic.jsonl"],
     )
+    turns: PositiveInt = Field(
+        default=1,
+        description="Chat turns per conversation (the chat api only): each turn sends the whole "
+        "conversation so far, earlier user turns (prompt_words each) and the server's own "
+        "streamed answers, so its prefix cache serves what a real chat's would. A "
+        "conversation's turns go one after another; conversations run at the level's "
+        "concurrency, or arrive at its request_rate.",
+        examples=[3],
+    )
     client_processes: PositiveInt = Field(
         default=1,
         description="Load client processes per run, when one core cannot send the load (a run "
@@ -120,6 +129,10 @@ class Workload(BaseModel):
             raise ValueError("request_rate needs one rate per concurrency level")
         if self.shared_prefix_words and self.shared_prefix_words >= self.prompt_words:
             raise ValueError("shared_prefix_words must be fewer than prompt_words")
+        if self.turns > 1 and self.api != "chat":
+            raise ValueError('turns above 1 need api = "chat"')
+        if self.turns > 1 and self.prompts_file is not None:
+            raise ValueError("turns above 1 cannot replay a prompts_file (its lines are requests)")
         return self
 
     def rate(self, concurrency: int) -> float | None:
