@@ -160,6 +160,8 @@ def test_a_verdict_fixed_by_the_facts_stops_at_the_first_interval() -> None:
     assert len(stop.candidate[8]) == 5  # the fewest pairs with a finite interval
     assert (stop.why.code, stop.why.values["forced"]) == (Code.STOP_FORCED, "capacity guardrail")
     assert any(e.metric == "output_tok_s" for e in stop.effects)
+    # decided: no word of how much more load would settle the interval
+    assert not [n for n in stop.notes if n.code in (Code.MORE_LOAD, Code.MORE_LOAD_NO)]
 
 
 def test_bound_in_seconds() -> None:

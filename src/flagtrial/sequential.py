@@ -96,7 +96,8 @@ class Sequential:
         # (level, metric) -> block -> log values of its clean runs, kept as runs arrive
         self.logs: dict[tuple[int, str], dict[int, list[float]]] = {}
         self.stopped: Stop | None = None
-        self._forced: str | None = None
+        # a guardrail breach read from the facts that fixes the verdict (breached())
+        self.forced: str | None = None
 
     # --- driving -------------------------------------------------------------------------
 
@@ -154,7 +155,7 @@ class Sequential:
     def breached(self, guardrail: str) -> None:
         """A guardrail breach read from the server's facts (e.g. capacity) fixes the verdict
         as REVERT: measure only until the effect has an interval to show."""
-        self._forced = guardrail
+        self.forced = guardrail
 
     def decision(self) -> Continue | Stop:
         """What to do now: measure more (Continue) or stop (Stop, final once returned)."""
@@ -197,9 +198,9 @@ class Sequential:
         if primary is None:
             return None
         _, lo, hi = primary.pct
-        if self._forced and math.isfinite(lo) and math.isfinite(hi):
+        if self.forced and math.isfinite(lo) and math.isfinite(hi):
             return Reason(
-                code=Code.STOP_FORCED, values={"forced": self._forced, **after, **self.spent()}
+                code=Code.STOP_FORCED, values={"forced": self.forced, **after, **self.spent()}
             )
         found = PRIMARY.classify(p, lo, hi)
         if found == "unresolved":

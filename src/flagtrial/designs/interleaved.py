@@ -84,8 +84,8 @@ class Interleaved:
         from flagtrial.guardrails import PRIMARY  # the rules import the statistics
 
         policy = seq.policy
-        if PRIMARY.classify(policy, primary.lo_pct, primary.hi_pct) != "unresolved":
-            return []
+        if seq.forced or PRIMARY.classify(policy, primary.lo_pct, primary.hi_pct) != "unresolved":
+            return []  # decided, by the interval or by a breach the facts showed
         pairs = self.pairs(seq, policy.primary_metric)
         limit = 10 * max(policy.max_runs, len(pairs))
 
