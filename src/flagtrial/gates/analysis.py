@@ -90,6 +90,7 @@ class Analysis:
     skipped: int = 0  # functions mentioning a field that were not walked (MAX_UNITS)
     selected: dict[str, None] = field(default_factory=dict)  # functions the value selects
     dest: str = ""  # the field the flag sets
+    path: tuple[str, ...] = ()  # a dotted key's path: ("compilation_config", "pass_config", "x")
     chain: Chain = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +115,7 @@ class Analysis:
         table = self.index.table
         if keys:
             dest = keys[-1]
+            self.path = (flag["dest"], *keys)
             fdef = table.field(dest)
             value = json_value(self.raw_value)
             # A name several config classes declare is read through its parent's name.

@@ -60,6 +60,7 @@ from flagtrial.gates.values import (
     FieldBinding,
     FuncRef,
     Instance,
+    LambdaRef,
     Lazy,
     ModuleRef,
     Scope,
@@ -233,6 +234,8 @@ class Evaluator:
                 return Val(NOT_NONE)
             case ast.GeneratorExp() | ast.ListComp() | ast.SetComp():
                 return operators.comprehension(self, node, scope)
+            case ast.Lambda(args=args) if not (args.args or args.vararg or args.kwarg):
+                return Val(LambdaRef(node, scope))
         return Val(UNKNOWN)
 
     # ----------------------------------------------------------------- calls
@@ -280,6 +283,9 @@ class Evaluator:
                 return model_fact(self, probe)
         if isinstance(f, FuncRef):
             return interpret(self, func, f, args, kwargs)
+        if isinstance(f, LambdaRef) and not args and not kwargs:
+            body = self.expr(f.node.body, f.scope)
+            return derived(body.value, body, func)
         if isinstance(f, ClassRef):
             if is_enum(self, f):
                 return derived(UNKNOWN, func, *args)

@@ -18,6 +18,7 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from flagtrial.gates.leveldefaults import level_default
 from flagtrial.gates.model import Evidence, GateFinding, Outcome
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.reads import Effect, classify, consumer, declaration_read, shown, writes_field
@@ -39,6 +40,7 @@ def decide(a: Analysis, walker: Walker) -> GateFinding:
         lambda: _reset(a, walker),
         lambda: overwritten(a, walker),
         lambda: _platform_pick(a, walker),
+        lambda: level_default(a, walker),
     )
     for rule in rules:
         found = rule()

@@ -1,0 +1,71 @@
+"""Gate-analysis rules that follow the engine's own defaults and backend selection, each on
+a case traced by hand in the real wheel (the comment next to each names the lines)."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
+from flagtrial.gates.capability import Evaluator
+from flagtrial.gates.model import GateFinding, GateHost, Outcome
+from flagtrial.gates.values import UNKNOWN, Scope
+
+VLLM = ("vllm", "0.33.0")
+DENSE: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "head_dim": 128,
+}
+FUSE_AR = "--compilation-config.pass_config.fuse_allreduce_rms"
+
+
+def cuda(cap: tuple[int, int], gpus: int = 8) -> GateHost:
+    return GateHost(compute_cap=cap, cuda_version=(12, 8), gpu_count=gpus)
+
+
+def vllm_gate(
+    flag: str,
+    value: str | None,
+    host: GateHost,
+    extra: list[str] | None = None,
+    model: dict[str, Any] | None = DENSE,
+    engine: tuple[str, str] = VLLM,
+) -> GateFinding:
+    command = ["--model", "MODEL", *(extra or []), flag, *([] if value is None else [value])]
+    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if extra else 1
+    (f,) = analyze_change(*engine, [(flag, value)], host, tp, command=command, model=model)
+    return f
+
+
+def test_module_getattr_answers_environment_variables() -> None:
+    # vllm/envs.py:2293: def __getattr__(name): return environment_variables[name]() and
+    # envs.py:638: "VLLM_BATCH_INVARIANT": lambda: bool(int(os.getenv(..., "0"))); the
+    # annotation under `if TYPE_CHECKING:` (envs.py:93) never runs.
+    index = source_index(*VLLM)
+    scope = Scope(index.modules["vllm.config.vllm"])
+    node = ast.parse("envs.VLLM_BATCH_INVARIANT", mode="eval").body
+    unset = Evaluator(index, _reader(index), cuda((9, 0)), {}, defaults={})
+    assert unset.expr(node, scope).value is False
+    # the environment of a running host is not known: no guess
+    assert Evaluator(index, _reader(index), cuda((9, 0)), {}).expr(node, scope).value is UNKNOWN
+
+
+def test_value_the_optimization_level_table_gives_is_a_noop() -> None:
+    # vllm/config/vllm.py:1854: OPTIMIZATION_LEVEL_TO_CONFIG[self.optimization_level] (O2 by
+    # default, vllm.py:435) fills fuse_allreduce_rms while it is None (vllm.py:1037) with
+    # enable_allreduce_rms_fusion(cfg) (vllm.py:179): TP > 1, CUDA, flashinfer, SM90 or
+    # SM10x. The reads before it only log (compilation.py:252) or run after it
+    # (_set_compile_ranges, vllm.py:2104).
+    tp4 = ["--tensor-parallel-size", "4"]
+    f = vllm_gate(FUSE_AR, "false", cuda((12, 0), 4), tp4)
+    assert f.outcome is Outcome.NO_OP, render_text([f])
+    assert f.cites("vllm/config/vllm.py:1854"), render_text([f])
+    assert f.cites("vllm/config/vllm.py:179"), render_text([f])
+    # on SM90 the table turns the fusion on by itself: false is a change, true is not
+    f = vllm_gate(FUSE_AR, "false", cuda((9, 0), 4), tp4)
+    assert f.outcome is not Outcome.NO_OP, render_text([f])
+    assert vllm_gate(FUSE_AR, "true", cuda((9, 0), 4), tp4).outcome is Outcome.NO_OP
+    # a single GPU: the table says False (tp_size > 1 fails)
+    assert vllm_gate(FUSE_AR, "false", cuda((10, 0))).outcome is Outcome.NO_OP
