@@ -69,3 +69,14 @@ def test_value_the_optimization_level_table_gives_is_a_noop() -> None:
     assert vllm_gate(FUSE_AR, "true", cuda((9, 0), 4), tp4).outcome is Outcome.NO_OP
     # a single GPU: the table says False (tp_size > 1 fails)
     assert vllm_gate(FUSE_AR, "false", cuda((10, 0))).outcome is Outcome.NO_OP
+
+
+def test_reads_before_the_table_that_test_only_truth_see_a_false_edit_as_none() -> None:
+    # vllm/config/compilation.py:282 and :973 test `self.fuse_rope_kvcache and ...` before
+    # the table is applied: None and False read the same there. The table's entry,
+    # enable_rope_kvcache_fusion (vllm.py:206), is rocm_aiter_ops.is_enabled(): False
+    # with VLLM_ROCM_USE_AITER unset.
+    flag = "--compilation-config.pass_config.fuse_rope_kvcache"
+    f = vllm_gate(flag, "false", cuda((9, 0)))
+    assert f.outcome is Outcome.NO_OP, render_text([f])
+    assert f.cites("vllm/config/vllm.py:206"), render_text([f])

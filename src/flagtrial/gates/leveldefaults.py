@@ -232,6 +232,8 @@ def _before_is_harmless(a: Analysis, applied: Applied, site: ReadSite) -> bool:
     stmt = site.stmt
     if isinstance(stmt, ast.If) and stmt.test is site.node and all(_logs(s) for s in stmt.body):
         return True
+    if not a.new[a.dest].value and _truth_only(site):
+        return True  # None and a false edit test the same
     funcs = [f for f in a.index.files[site.fi].funcs if f.start <= site.node.lineno <= f.end]
     if site.fi != applied.fi or not funcs:
         return False
@@ -246,6 +248,23 @@ def _before_is_harmless(a: Analysis, applied: Applied, site: ReadSite) -> bool:
         and s.lineno > applied.stmt_line
         for s in applied.func.body
     )
+
+
+def _truth_only(site: ReadSite) -> bool:
+    """The read is used for its truth alone: inside an `if` test through `and`/`or`/`not`
+    only (`if self.f and not is_rocm():`)."""
+    test = getattr(site.stmt, "test", None)
+    if not isinstance(site.stmt, ast.If | ast.While) or test is None:
+        return False
+    node: ast.AST = site.node
+    while node is not test:
+        parent = site.parents.get(id(node))
+        if not isinstance(parent, ast.BoolOp | ast.UnaryOp) or (
+            isinstance(parent, ast.UnaryOp) and not isinstance(parent.op, ast.Not)
+        ):
+            return False
+        node = parent
+    return True
 
 
 def _logs(stmt: ast.stmt) -> bool:
