@@ -80,3 +80,12 @@ def test_reads_before_the_table_that_test_only_truth_see_a_false_edit_as_none() 
     f = vllm_gate(flag, "false", cuda((9, 0)))
     assert f.outcome is Outcome.NO_OP, render_text([f])
     assert f.cites("vllm/config/vllm.py:206"), render_text([f])
+
+
+def test_an_if_on_the_bare_setting_that_only_logs_does_not_act() -> None:
+    # vllm/config/compilation.py:252: `if self.fuse_allreduce_rms: logger.warning_once(...)`
+    # changes nothing that runs; the reads that act are elsewhere (pass_manager.py:167).
+    f = vllm_gate(FUSE_AR, "true", cuda((12, 0), 4), ["--tensor-parallel-size", "4"])
+    reads = [e.where for e in f.evidence if e.role == "read"]
+    assert "vllm/config/compilation.py:252" not in reads, render_text([f])
+    assert "vllm/compilation/passes/pass_manager.py:167" in reads, render_text([f])
