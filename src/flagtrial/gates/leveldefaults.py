@@ -234,9 +234,13 @@ def _before_is_harmless(a: Analysis, applied: Applied, site: ReadSite) -> bool:
         return True
     if not a.new[a.dest].value and _truth_only(site):
         return True  # None and a false edit test the same
-    funcs = [f for f in a.index.files[site.fi].funcs if f.start <= site.node.lineno <= f.end]
+    line = site.node.lineno
+    funcs = [f for f in a.index.files[site.fi].funcs if f.start <= line <= f.end]
     if site.fi != applied.fi or not funcs:
         return False
+    end = applied.func.end_lineno or applied.func.lineno
+    if applied.stmt_line < line <= end and site.stmt in applied.func.body:
+        return True  # later in the function that applies the table, at its top level
     name = max(funcs, key=lambda f: f.start).name
     return any(
         isinstance(s, ast.Expr)
