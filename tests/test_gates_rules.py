@@ -19,6 +19,7 @@ DENSE: dict[str, Any] = {
     "head_dim": 128,
 }
 FUSE_AR = "--compilation-config.pass_config.fuse_allreduce_rms"
+TP = "--tensor-parallel-size"
 
 
 def cuda(cap: tuple[int, int], gpus: int = 8) -> GateHost:
@@ -34,7 +35,8 @@ def vllm_gate(
     engine: tuple[str, str] = VLLM,
 ) -> GateFinding:
     command = ["--model", "MODEL", *(extra or []), flag, *([] if value is None else [value])]
-    tp = int(extra[extra.index("--tensor-parallel-size") + 1]) if extra else 1
+    words = extra or []
+    tp = int(words[words.index(TP) + 1]) if TP in words else 1
     (f,) = analyze_change(*engine, [(flag, value)], host, tp, command=command, model=model)
     return f
 
@@ -89,3 +91,41 @@ def test_an_if_on_the_bare_setting_that_only_logs_does_not_act() -> None:
     reads = [e.where for e in f.evidence if e.role == "read"]
     assert "vllm/config/compilation.py:252" not in reads, render_text([f])
     assert "vllm/compilation/passes/pass_manager.py:167" in reads, render_text([f])
+
+
+def test_a_pass_that_disables_itself_in_its_constructor_does_not_act() -> None:
+    # pass_manager.py:167-171 adds AllReduceFusionPass(config) when the setting is true; its
+    # __init__ (allreduce_rms_fusion.py:987) sets self.disabled = True and returns at :1014
+    # when flashinfer_max_size(tp) is None, which it is with no row for SM120 in the
+    # capability table (compilation.py:209); __call__ (:1136) returns while disabled.
+    # _set_compile_ranges (vllm.py:2669) acts only `if max_size is not None` (:2681), and
+    # pass_manager.py:145 only for the Transformers backend (Llama is native here).
+    # `--optimization-level 1` keeps the defaults table (False there) out of the way.
+    tp4 = ["--tensor-parallel-size", "4", "--optimization-level", "1"]
+    f = vllm_gate(FUSE_AR, "true", cuda((12, 0), 4), tp4)
+    assert f.outcome is Outcome.NO_OP, render_text([f])
+    for place in ("vllm/compilation/passes/pass_manager.py:167", "vllm/config/vllm.py:2669"):
+        assert f.cites(place), render_text([f])
+    # SM100 has a row (32 MB at 4 GPUs): the pass stays enabled
+    assert vllm_gate(FUSE_AR, "true", cuda((10, 0), 4), tp4).outcome is Outcome.ACTIVE
+    # on one GPU it disables itself for tp_size <= 1 (allreduce_rms_fusion.py:989)
+    f = vllm_gate(FUSE_AR, "true", cuda((10, 0)), ["--optimization-level", "1"])
+    assert f.outcome is Outcome.NO_OP, render_text([f])
+
+
+def test_a_model_the_engine_implements_does_not_use_the_transformers_backend() -> None:
+    # registry.py:155 "LlamaForCausalLM": ("llama", ...): with --model-impl auto,
+    # inspect_model_cls (registry.py:1389) takes the Transformers backend only when no
+    # architecture of the model is registered.
+    index = source_index(*VLLM)
+    scope = Scope(index.modules["vllm.compilation.passes.pass_manager"])
+    node = ast.parse("config.model_config.using_transformers_backend()", mode="eval").body
+
+    def value(model: dict[str, Any]) -> object:
+        from flagtrial.gates.model import ModelFacts
+
+        ev = Evaluator(index, _reader(index), cuda((9, 0)), {}, model=ModelFacts.of(model))
+        return ev.expr(node, scope).value
+
+    assert value(DENSE) is False
+    assert value({**DENSE, "architectures": ["MadeUpForCausalLM"]}) is UNKNOWN
