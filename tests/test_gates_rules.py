@@ -129,3 +129,12 @@ def test_a_model_the_engine_implements_does_not_use_the_transformers_backend() -
 
     assert value(DENSE) is False
     assert value({**DENSE, "architectures": ["MadeUpForCausalLM"]}) is UNKNOWN
+
+
+def test_a_field_read_through_its_config_object_is_looked_for_only_where_that_is_named() -> None:
+    # --attention-backend lands in AttentionConfig.backend (vllm/config/attention.py:40),
+    # read as `attention_config.backend`: the thousands of other `.backend` attributes are
+    # not walked, so none is left unwalked.
+    cpu = GateHost(platform="cpu", gpu_count=0)
+    f = vllm_gate("--attention-backend", "FLASHINFER", cpu, engine=("vllm", "0.32.0"))
+    assert not any("not walked" in e.note for e in f.evidence), render_text([f])
