@@ -90,6 +90,7 @@ class Analysis:
     skipped: int = 0  # functions mentioning a field that were not walked (MAX_UNITS)
     selected: dict[str, None] = field(default_factory=dict)  # functions the value selects
     dest: str = ""  # the field the flag sets
+    path: tuple[str, ...] = ()  # a dotted key's path: ("compilation_config", "pass_config", "x")
     chain: Chain = field(init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +115,7 @@ class Analysis:
         table = self.index.table
         if keys:
             dest = keys[-1]
+            self.path = (flag["dest"], *keys)
             fdef = table.field(dest)
             value = json_value(self.raw_value)
             # A name several config classes declare is read through its parent's name.
@@ -209,7 +211,12 @@ class Analysis:
         units: dict[tuple[int, int, int], None] = {}
         lines: set[tuple[int, int]] = set()
         for name in sorted(self.edited):
+            receiver = self.new[name].receiver
             for fi, line, start, end in self.index.mentions.get(name, []):
+                # read only through `<receiver>.name`: a unit that never names the
+                # receiver holds no read of it (vLLM's `attention_config.backend`)
+                if receiver and not self._names(fi, start, end, receiver):
+                    continue
                 units[(fi, start, end)] = None
                 lines.add((fi, line))
         walker = Walker(ev_new, ev_old, self.edited, lines)
@@ -231,6 +238,9 @@ class Analysis:
             stmts = self.reader.unit(fi, fn.start, fn.end)
             walker.walk_unit(fi, stmts, (guard,), runs_at_startup=True)
         return walker
+
+    def _names(self, fi: int, start: int, end: int, word: str) -> bool:
+        return any(word in line for line in self.reader.lines(fi)[start - 1 : end])
 
     def _other_models(self, fi: int, start: int) -> bool:
         """A function registered for model architectures (`@_register_for("IQuestQ1ForCausalLM")`)

@@ -45,6 +45,7 @@ from flagtrial.gates.modelview import (
     model_attr,
     model_builtin,
     model_fact,
+    model_method,
     model_self_attr,
 )
 from flagtrial.gates.probes import primitive_attr, primitive_call
@@ -60,6 +61,7 @@ from flagtrial.gates.values import (
     FieldBinding,
     FuncRef,
     Instance,
+    LambdaRef,
     Lazy,
     ModuleRef,
     Scope,
@@ -120,6 +122,9 @@ class Evaluator:
             if not val.known and self.model is not None and attr in MODEL_ATTRS:
                 val = model_attr(self, attr)
             return derived(val.value, base, val)
+        method = model_method(self, attr) if isinstance(obj, ModelView) else None
+        if method is not None:
+            return derived(method.value, base, method)
         if isinstance(obj, DeviceProps | ModelView):
             return derived(obj.attr(attr), base)
         if self.model is not None and attr in MODEL_ATTRS and not base.known:
@@ -233,6 +238,8 @@ class Evaluator:
                 return Val(NOT_NONE)
             case ast.GeneratorExp() | ast.ListComp() | ast.SetComp():
                 return operators.comprehension(self, node, scope)
+            case ast.Lambda(args=args) if not (args.args or args.vararg or args.kwarg):
+                return Val(LambdaRef(node, scope))
         return Val(UNKNOWN)
 
     # ----------------------------------------------------------------- calls
@@ -280,6 +287,9 @@ class Evaluator:
                 return model_fact(self, probe)
         if isinstance(f, FuncRef):
             return interpret(self, func, f, args, kwargs)
+        if isinstance(f, LambdaRef) and not args and not kwargs:
+            body = self.expr(f.node.body, f.scope)
+            return derived(body.value, body, func)
         if isinstance(f, ClassRef):
             if is_enum(self, f):
                 return derived(UNKNOWN, func, *args)
@@ -303,6 +313,8 @@ class Evaluator:
             return derived(Builtin("identity"), func)
         if f.name == "identity" and args:
             return args[0]
+        if f.name == "constant" and not args:
+            return derived(f.bound, *every)
         if f.name == "to_int" and isinstance(f.bound, Capability):
             return derived(f.bound.to_int(), func)
         if vals and isinstance(vals[0], ModelView):

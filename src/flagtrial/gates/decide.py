@@ -18,6 +18,8 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from flagtrial.gates.bodies import ruled_out_inside
+from flagtrial.gates.leveldefaults import level_default
 from flagtrial.gates.model import Evidence, GateFinding, Outcome
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.reads import Effect, classify, consumer, declaration_read, shown, writes_field
@@ -39,6 +41,7 @@ def decide(a: Analysis, walker: Walker) -> GateFinding:
         lambda: _reset(a, walker),
         lambda: overwritten(a, walker),
         lambda: _platform_pick(a, walker),
+        lambda: level_default(a, walker),
     )
     for rule in rules:
         found = rule()
@@ -230,7 +233,9 @@ def _effects(a: Analysis, walker: Walker) -> list[Effect]:
         if declaration_read(site, a.index.table):
             continue
         if consumer(site, a.index.table.fields, a.new)[0] == "effect":
-            effects.append(classify(site, a.foreign(site.fi)))
+            effect = classify(site, a.foreign(site.fi))
+            inert = ruled_out_inside(a, site) if effect.status == "alive" else None
+            effects.append(Effect(site, "hw", inert) if inert is not None else effect)
             if len(effects) >= MAX_EFFECTS:
                 break
     return effects

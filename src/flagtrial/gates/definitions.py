@@ -54,7 +54,7 @@ def _global_name(ev: Evaluator, fi: int, name: str) -> Val:
         return Val(FuncRef(fi, ni))
     if name in info.classes and name not in info.assigns:
         return Val(ClassRef(fi, name))
-    sites = info.assigns.get(name)
+    sites = [s for s in info.assigns.get(name, []) if not _type_only(ev, fi, s)]
     if sites:
         start, end, conditional = sites[0]
         if len(sites) > 1 or conditional:
@@ -73,7 +73,33 @@ def _global_name(ev: Evaluator, fi: int, name: str) -> Val:
         return _platform_object(ev, name)
     if name in BUILTINS:
         return Val(Builtin(name))
-    return Val(UNKNOWN)
+    return _module_getattr(ev, fi, name)
+
+
+def _type_only(ev: Evaluator, fi: int, site: tuple[int, int, bool]) -> bool:
+    """An assignment inside a top-level `if TYPE_CHECKING:`: it never runs."""
+    start, _, conditional = site
+    if not conditional:
+        return False
+    lines = ev.reader.lines(fi)
+    for text in reversed(lines[: start - 1]):
+        if text[:1] not in ("", " ", "\t", "#", "\n", "\r"):
+            return text.split("#")[0].strip() in ("if TYPE_CHECKING:", "if typing.TYPE_CHECKING:")
+    return False
+
+
+def _module_getattr(ev: Evaluator, fi: int, name: str) -> Val:
+    """A name the module does not bind, answered by its own `__getattr__(name)` (PEP 562:
+    vLLM's `envs.VLLM_X` runs `environment_variables[name]()`, `os.getenv` with its
+    default when the platform's pick is computed); UNKNOWN where there is none."""
+    ni = ev.index.top_level(fi, "__getattr__")
+    if ni is None or name.startswith("__"):
+        return Val(UNKNOWN)
+    # imported here: interpret.py imports this module
+    from flagtrial.gates.interpret import interpret
+
+    func = Val(FuncRef(fi, ni))
+    return interpret(ev, func, FuncRef(fi, ni), [Val(name)], {})
 
 
 def _platform_object(ev: Evaluator, name: str) -> Val:

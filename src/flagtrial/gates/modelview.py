@@ -4,6 +4,7 @@ the checkpoint's quantization); anything the file does not give is unknown."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,31 @@ MODEL_PROBES = {"use_mla_backend": "mla", "model_config_of": "view", "get_model_
 MODEL_CONFIG_CLASS = "ModelConfig"
 # attributes that name the model config object whatever holds it (`runner.model_config`)
 MODEL_ATTRS = {"model_config", "hf_config", "hf_text_config", "use_mla_backend"}
+
+
+# the module whose tables map each architecture the engine implements itself to its class
+# (vllm/model_executor/models/registry.py: `"LlamaForCausalLM": ("llama", "LlamaForCausalLM")`)
+NATIVE_REGISTRY = "vllm.model_executor.models.registry"
+
+
+def model_method(ev: Evaluator, attr: str) -> Val | None:
+    """`model_config.using_transformers_backend()`: False for an architecture the engine's
+    registry implements, with `--model-impl` at its default "auto" (registry.py
+    `inspect_model_cls` falls back to the Transformers backend only when no architecture
+    of the model is registered)."""
+    if attr != "using_transformers_backend" or ev.model is None:
+        return None
+    impl = ev.fields.get("model_impl")
+    fi = ev.index.modules.get(NATIVE_REGISTRY)
+    if (impl is not None and impl.value != "auto") or fi is None:
+        return None
+    lines = ev.reader.lines(fi)
+    for arch in ev.model.architectures:
+        entry = re.compile(rf'^\s*"{re.escape(arch)}":\s*\(')
+        if any(entry.match(line) for line in lines):
+            note = f"model: {arch} is implemented by {NATIVE_REGISTRY}"
+            return Val(Builtin("constant", False), True, (("fact", -1, 0, note),))
+    return None
 
 
 def model_self_attr(ev: Evaluator, base: Val, obj: Instance, attr: str) -> Val:

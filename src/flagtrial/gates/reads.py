@@ -31,7 +31,8 @@ def consumer(
     """What a read controls: 'effect', 'mapping' (sets other fields), 'self' (only
     resolves its own fields), 'validation' (only raises), 'none'."""
     stmt, node = site.stmt, site.context or site.node
-    if site.context is not None and isinstance(stmt, ast.If) and stmt.test is site.context:
+    # the `if`'s test is the read, or an expression around it (`if x.f and is_sm90():`)
+    if isinstance(stmt, ast.If) and stmt.test is (site.context or site.node):
         if leaves(stmt.body) and not stmt.orelse:
             return "effect", {}  # the rest of the function runs or not
         truth = site.ctx.new.truth() if site.ctx else None

@@ -49,6 +49,15 @@ class FuncRef:
     origin: Trace | None = None  # where this callable got its name (`x = partial(...)`)
 
 
+@dataclass(frozen=True, eq=False)
+class LambdaRef:
+    """A `lambda` without parameters (vLLM's `environment_variables` table), with the
+    scope it was written in: calling it evaluates its body there."""
+
+    node: ast.Lambda
+    scope: Scope
+
+
 @dataclass(frozen=True)
 class ClassRef:
     fi: int
