@@ -1,0 +1,110 @@
+"""Fleets: `fleet status GROUP`, `fleet recover GROUP` (and what `trial --fleet` runs): the
+library's fleet package, parsed and rendered."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from flagtrial import ui
+from flagtrial.cli.common import (
+    DEFAULT_PROJECT,
+    AcceptNewOpt,
+    JsonOpt,
+    ProjectOpt,
+    app,
+    emit_json,
+    run,
+)
+from flagtrial.errors import TargetError
+
+if TYPE_CHECKING:
+    from flagtrial.fleet.hosts import Fleet, FleetStatus
+
+fleet_app = typer.Typer(no_args_is_help=True, help="A group of hosts from an Ansible inventory.")
+app.add_typer(fleet_app, name="fleet")
+
+GroupArg = Annotated[str, typer.Argument(help="the inventory group")]
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(
+    project: Path, group: str, *, accept_new_host_key: bool = False, json_out: bool = False
+) -> AsyncIterator[Fleet]:
+    from flagtrial.fleet.hosts import Fleet
+
+    fleet = Fleet.open(
+        project,
+        group,
+        ui.notify_stderr if json_out else ui.notify,
+        ui.RestartProgress(ui.err_console if json_out else ui.console),
+        secrets=ui.secrets,
+        accept_new_host_key=accept_new_host_key,
+    )
+    try:
+        yield fleet
+    finally:
+        await fleet.aclose()
+
+
+@fleet_app.command("status")
+def status(
+    group: GroupArg,
+    project: ProjectOpt = DEFAULT_PROJECT,
+    json_out: JsonOpt = False,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Per host: the generation it runs, whether its spec and facts are the group's
+    known-good (the canary's), whether it serves; changes nothing. Exit 5 when a host
+    cannot be read."""
+    from flagtrial.fleet.hosts import status as read_status
+
+    async def body() -> FleetStatus:
+        async with open_fleet(
+            project, group, accept_new_host_key=accept_new, json_out=json_out
+        ) as fleet:
+            return await read_status(fleet)
+
+    report = run(body)
+    if json_out:
+        emit_json(report.model_dump())
+    else:
+        ui.console.print(status_table(report))
+    if report.unreachable:
+        raise TargetError(
+            f"{len(report.unreachable)} of {len(report.hosts)} hosts of {group} cannot be "
+            "read: " + "; ".join(f"{h.name}: {h.error}" for h in report.unreachable)
+        )
+
+
+def status_table(report: FleetStatus) -> Table:
+    good = f"generation {report.known_good}" if report.known_good else "none recorded yet"
+    table = Table(title=f"group {report.group}: known-good {good}", title_justify="left")
+    for column in ("host", "target", "generation", "spec", "facts", "serving"):
+        table.add_column(column)
+    for h in report.hosts:
+        name = f"{h.name} (canary)" if h.canary else h.name
+        if not h.reachable:
+            table.add_row(name, h.target, "", "", "", f"[red]cannot be read[/red]: {h.error}")
+            continue
+        facts = (
+            "not recorded"
+            if h.facts is None
+            else "known-good"
+            if not h.facts
+            else "differ: " + "; ".join(h.facts)
+        )
+        table.add_row(
+            name,
+            h.target,
+            str(h.generation) if h.generation else "not in the ledger",
+            h.spec if h.spec != "unknown" else "no known-good",
+            facts,
+            "yes" if h.serving else "no",
+        )
+    return table

@@ -1,0 +1,139 @@
+"""Fleets on three real systemd hosts (nspawn containers ft-41, ft-42, ft-43, each in its
+own network namespace), read and promoted by real Ansible over SSH. The hosts see this
+machine's Python read-only at its own path: Ansible's modules run under it there."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.cli import cli
+from harness.hosts import (
+    TEST_KEY,
+    SystemdHost,
+    base_interpreter,
+    container_root,
+    llama_host,
+    llama_unit,
+    missing_libraries,
+    require_root,
+)
+from harness.project import write_project_file
+
+pytestmark = pytest.mark.slow
+
+NS = (41, 42, 43)  # this module's containers: ft-41 .. ft-43 at 10.200.N.2
+UNIT = "llama.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+KNOWN_GOOD = llama_unit("-np 4")
+
+
+@pytest.fixture(scope="module")
+def python_tree() -> Path:
+    """The installation this venv was made from, bound into every host for Ansible."""
+    tree = base_interpreter(Path(sys.prefix))
+    assert tree not in (Path("/usr"), Path("/")), f"{tree} cannot be bound over the host's"
+    return tree
+
+
+@pytest.fixture(scope="module")
+def hosts(
+    tmp_path_factory: pytest.TempPathFactory,
+    llama_server_bin: Path,
+    tiny_model: Path,
+    python_tree: Path,
+) -> Iterator[list[SystemdHost]]:
+    require_root()
+    binds = [python_tree, *missing_libraries(container_root(), python_tree)]
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                llama_host(n, tmp_path_factory, llama_server_bin, tiny_model, binds)
+            )
+            for n in NS
+        ]
+
+
+def write_inventory(path: Path, hosts: list[SystemdHost], python: Path) -> Path:
+    lines = ["[gpus]"]
+    lines += [f"{h.name} ansible_host={h.addr}" for h in hosts]
+    lines += ["", "[gpus:vars]", "ansible_user=root", f"ansible_python_interpreter={python}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path:
+    """Every host on the known-good unit, stopped; a project whose fleet is group gpus."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("".join(h.known_hosts.read_text() for h in hosts))
+    for h in hosts:
+        h.reset_unit(UNIT)
+        h.install_unit(UNIT, KNOWN_GOOD)
+        h.sh("rm -f -- /etc/systemd/system/llama.service.flagtrial-prev")
+    write_inventory(tmp_path / "hosts.ini", hosts, python_tree / "bin" / "python3")
+    return write_project_file(
+        tmp_path / "flagtrial.toml",
+        "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
+        "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
+        "[policy]\nruns = 2\nmax_runs = 3\nset_aside_disturbed = false\n",
+        target=hosts[0].url,
+        unit=UNIT,
+        endpoint=hosts[0].endpoint,
+        ready_timeout_s=30,
+        ssh={
+            "known_hosts": str(known_hosts),
+            "identity_file": str(TEST_KEY),
+            "ssh_config": "/dev/null",
+            "connect_timeout_s": 5,
+        },
+        fleet={"inventory": "hosts.ini"},
+    )
+
+
+def status(project: Path) -> tuple[int, dict[str, dict[str, object]], str]:
+    r = cli(project, "fleet", "status", "gpus", "--json")
+    return r.returncode, {h["name"]: h for h in json.loads(r.stdout)["hosts"]}, r.stderr
+
+
+def test_fleet_status(hosts: list[SystemdHost], project: Path) -> None:
+    """Before anything is known: every host read, none known-good; one host without sshd
+    cannot be read (exit 5, one line naming it); once the canary's known-good is recorded,
+    a host whose unit text differs is named, and one running the same text has no facts."""
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [(r["reachable"], r["spec"], r["generation"]) for r in rows.values()] == [
+        (True, "unknown", None)
+    ] * 3
+    assert rows["ft-41"]["canary"] is True
+
+    last = hosts[2]
+    last.sh("systemctl stop ssh.socket ssh.service")
+    try:
+        code, rows, err = status(project)
+    finally:
+        last.sh("systemctl start ssh.service")
+    assert code == 5
+    assert err.strip().splitlines() == [
+        f"error: 1 of 3 hosts of gpus cannot be read: ft-43: ssh root@{last.addr}: cannot "
+        "connect: Connection refused"
+    ]
+    assert rows["ft-43"]["reachable"] is False and rows["ft-42"]["reachable"] is True
+
+    r = cli(project, "facts")  # the canary's known-good, as the project's own target
+    assert r.returncode == 0, r.stderr
+    hosts[1].install_unit(UNIT, KNOWN_GOOD + "# edited by hand\n")
+    code, rows, _ = status(project)
+    assert code == 0
+    assert (rows["ft-41"]["spec"], rows["ft-41"]["facts"], rows["ft-41"]["serving"]) == (
+        "known-good",
+        [],
+        True,
+    )
+    assert (rows["ft-42"]["spec"], rows["ft-43"]["spec"]) == ("differs", "known-good")
+    assert rows["ft-43"]["facts"] is None  # never verified on that host
