@@ -156,7 +156,9 @@ class Fleet(BaseModel):
         examples=["inventory.yml"],
     )
     canary: str | None = Field(
-        None, description="the host the trial runs on (default: the group's first host)"
+        None,
+        description="the host the trial runs on (default: the group's first host)",
+        examples=["gpu-01"],
     )
     serial: list[int | str] = Field(
         default_factory=lambda: list[int | str]([1, "50%", "100%"]),
