@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,11 @@ pytestmark = pytest.mark.slow
 NS = (41, 42, 43)  # this module's containers: ft-41 .. ft-43 at 10.200.N.2
 UNIT = "llama.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-KNOWN_GOOD = llama_unit("-np 4")
+# 16-token batches: 200-word prompts prefill several times faster with 512-token ones, a
+# gain far beyond any noise, so the canary's trial keeps the change.
+KNOWN_GOOD = llama_unit("-np 2 -b 16 -ub 16")
+CHANGE = ("--set", "-b=512", "--set", "-ub=512")
+CANDIDATE = KNOWN_GOOD.replace("-b 16 -ub 16", "-b 512 -ub 512")
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +84,9 @@ def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path
     write_inventory(tmp_path / "hosts.ini", hosts, python_tree / "bin" / "python3")
     return write_project_file(
         tmp_path / "flagtrial.toml",
-        "[workload]\nconcurrency = [4]\nprompt_words = 16\nmax_tokens = 16\n"
+        "[workload]\nconcurrency = [2]\nprompt_words = 200\nmax_tokens = 8\n"
         "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
-        "[policy]\nruns = 2\nmax_runs = 3\nset_aside_disturbed = false\n",
+        "[policy]\nruns = 2\nmax_runs = 12\nset_aside_disturbed = false\n",
         target=hosts[0].url,
         unit=UNIT,
         endpoint=hosts[0].endpoint,
@@ -92,7 +97,7 @@ def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path
             "ssh_config": "/dev/null",
             "connect_timeout_s": 5,
         },
-        fleet={"inventory": "hosts.ini"},
+        fleet={"inventory": "hosts.ini", "serial": [1, "100%"]},
     )
 
 
@@ -137,3 +142,34 @@ def test_fleet_status(hosts: list[SystemdHost], project: Path) -> None:
     )
     assert (rows["ft-42"]["spec"], rows["ft-43"]["spec"]) == ("differs", "known-good")
     assert rows["ft-43"]["facts"] is None  # never verified on that host
+
+
+def promote(project: Path) -> tuple[int, dict[str, Any], str]:
+    r = cli(project, "trial", *CHANGE, "--fleet", "gpus", "--json")
+    out = r.stdout[r.stdout.index("{\n") :] if "{\n" in r.stdout else "null"
+    return r.returncode, json.loads(out), r.stdout + r.stderr
+
+
+def test_kept_change_promoted_in_waves(hosts: list[SystemdHost], project: Path) -> None:
+    """KEEP on the canary, then ft-42 in wave 1 and ft-43 in wave 2, each verified against
+    the canary's facts; every host's known-good is the new generation, the old text kept
+    beside the unit."""
+    code, out, log = promote(project)
+    assert code == 0, log
+    assert out["canary"]["verdict"]["decision"] == "KEEP"
+    promotion = out["promotion"]
+    assert [w["hosts"] for w in promotion["waves"]] == [["ft-42"], ["ft-43"]]
+    assert {h["name"]: h["outcome"] for h in promotion["hosts"]} == {
+        "ft-42": "promoted",
+        "ft-43": "promoted",
+    }
+    for h in hosts:
+        assert h.read(UNIT_PATH) == CANDIDATE.encode(), h.name
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    for h in hosts[1:]:
+        assert h.read(UNIT_PATH + ".flagtrial-prev") == KNOWN_GOOD.encode()
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [(r["spec"], r["facts"], r["serving"]) for r in rows.values()] == [
+        ("known-good", [], True)
+    ] * 3

@@ -48,12 +48,23 @@ def trial(
     force: Annotated[
         bool, typer.Option(help="deploy even when the engine's source says it fails at startup")
     ] = False,
+    fleet: Annotated[
+        str | None,
+        typer.Option(help="an inventory group: trial on its canary, then promote in waves"),
+    ] = None,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
     from flagtrial.trial import Trial
 
     change = make_change(add, set_, remove, env, unset_env)
+    if fleet is not None:
+        from flagtrial.cli.fleet import fleet_trial
+
+        code = fleet_trial(
+            fleet, change, project, json_out=json_out, accept_new=accept_new, force=force
+        )
+        raise typer.Exit(code)
 
     async def body() -> int:
         async with open_session(

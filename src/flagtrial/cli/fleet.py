@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from flagtrial import ui
 from flagtrial.cli.common import (
     DEFAULT_PROJECT,
+    EXIT_VERDICT,
     AcceptNewOpt,
     JsonOpt,
     ProjectOpt,
@@ -25,6 +27,9 @@ from flagtrial.errors import TargetError
 
 if TYPE_CHECKING:
     from flagtrial.fleet.hosts import Fleet, FleetStatus
+    from flagtrial.fleet.promote import Promotion
+    from flagtrial.launch.change import Change
+    from flagtrial.trial import TrialOutcome
 
 fleet_app = typer.Typer(no_args_is_help=True, help="A group of hosts from an Ansible inventory.")
 app.add_typer(fleet_app, name="fleet")
@@ -59,9 +64,7 @@ def status(
     json_out: JsonOpt = False,
     accept_new: AcceptNewOpt = False,
 ) -> None:
-    """Per host: the generation it runs, whether its spec and facts are the group's
-    known-good (the canary's), whether it serves; changes nothing. Exit 5 when a host
-    cannot be read."""
+    """Each host's generation, spec and facts against the group's known-good; changes nothing."""
     from flagtrial.fleet.hosts import status as read_status
 
     async def body() -> FleetStatus:
@@ -108,3 +111,60 @@ def status_table(report: FleetStatus) -> Table:
             "yes" if h.serving else "no",
         )
     return table
+
+
+# Exit codes of a promotion (README): all promoted 0; some hosts rolled back 12; past the
+# failure budget, every host back on its known-good 13.
+EXIT_HOSTS_ROLLED_BACK = 12
+EXIT_FLEET_ROLLED_BACK = 13
+
+
+def fleet_trial(
+    group: str, change: Change, project: Path, *, json_out: bool, accept_new: bool, force: bool
+) -> int:
+    """`trial --fleet GROUP`: the canary's trial rendered as `trial` renders it, then the
+    promotion's hosts and waves."""
+    from flagtrial.fleet.promote import fleet_trial as run_fleet_trial
+
+    async def body() -> tuple[TrialOutcome, Promotion | None]:
+        async with open_fleet(
+            project, group, accept_new_host_key=accept_new, json_out=json_out
+        ) as fleet:
+            return await run_fleet_trial(fleet, change, force=force)
+
+    outcome, promotion = run(body)
+    if json_out:
+        emit_json(
+            {
+                "canary": outcome.model_dump(),
+                "promotion": promotion.model_dump() if promotion else None,
+            }
+        )
+    else:
+        ui.show_outcome(outcome)
+        if promotion is not None:
+            show_promotion(promotion)
+    if promotion is None:
+        return EXIT_VERDICT[outcome.verdict.decision]
+    if promotion.budget_exceeded:
+        return EXIT_FLEET_ROLLED_BACK
+    return 0 if promotion.count("promoted") == len(promotion.hosts) else EXIT_HOSTS_ROLLED_BACK
+
+
+def show_promotion(p: Promotion) -> None:
+    table = Table(title=f"promotion of trial {p.trial_id} to {p.group}", title_justify="left")
+    for column in ("host", "wave", "outcome", "detail"):
+        table.add_column(column)
+    table.add_row(f"{p.canary} (canary)", "", "rolled back" if p.canary_rolled_back else "kept", "")
+    for h in p.hosts:
+        style = {"promoted": "green", "rolled back": "yellow"}.get(h.outcome, "red")
+        table.add_row(h.name, h.wave, f"[{style}]{h.outcome}[/{style}]", escape(h.detail))
+    ui.console.print(table)
+    for i, wave in enumerate(p.waves, 1):
+        ui.console.print(
+            f"wave {i} ({', '.join(wave.hosts)}): {wave.seconds:.1f}s, {wave.failed} failed"
+        )
+    if p.budget_exceeded:
+        ui.console.print(
+            "[red]past the failure budget[/red]: every promoted host and the canary rolled back"
+        )

@@ -24,6 +24,7 @@ from flagtrial.redact import Redactor
 from flagtrial.session import Notify, Session, verify_facts
 from flagtrial.settings import Project, load_project
 from flagtrial.targets import make_target
+from flagtrial.targets.systemd import SystemdTarget
 
 T = TypeVar("T")
 
@@ -55,6 +56,7 @@ class Fleet:
     def __init__(
         self,
         project: Project,
+        project_file: Path,
         group: str,
         notify: Notify,
         progress: ProgressFn | None = None,
@@ -63,8 +65,10 @@ class Fleet:
         accept_new_host_key: bool = False,
     ) -> None:
         self.project = project
+        self.project_file = project_file
         self.group = group
-        self.hosts = load_group(inventory_path(project), group)
+        self.inventory = inventory_path(project)
+        self.hosts = load_group(self.inventory, group)
         canary = project.fleet.canary or self.hosts[0].name
         if canary not in {h.name for h in self.hosts}:
             raise UsageError(f"fleet.canary {canary!r} is not a host of group {group!r}")
@@ -95,12 +99,20 @@ class Fleet:
             secrets.add_names(project.secret_names)
         return cls(
             project,
+            path,
             group,
             notify,
             progress,
             secrets=secrets,
             accept_new_host_key=accept_new_host_key,
         )
+
+    @property
+    def unit(self) -> str:
+        """The unit's full name, as systemd and Ansible's systemd module take it."""
+        target = self.sessions[self.canary].target
+        assert isinstance(target, SystemdTarget)
+        return target.unit
 
     @property
     def others(self) -> list[FleetHost]:

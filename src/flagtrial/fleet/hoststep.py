@@ -1,0 +1,126 @@
+"""What the promotion play runs on this machine for one host (fleet/promote.yml), as its own
+process: `begin` journals the host's promotion before the play installs anything, `verify`
+waits for the restarted server and checks its facts against the canary's, `rollback`
+restores the host's known-good and verifies it. Exit 0 on success; otherwise one line on
+stderr and the error's exit code, which fails the task (and so the host) in Ansible.
+
+    python -m flagtrial.fleet.hoststep --project P --group G --trial T ACTION HOST
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from flagtrial.errors import FlagtrialError, RollbackError, ServerNotReadyError, UsageError
+from flagtrial.fleet.hosts import Fleet
+from flagtrial.records import TrialRow
+from flagtrial.session import Session, restore_detail, verify_facts
+from flagtrial.states import TrialState
+from flagtrial.targets.systemd import SystemdTarget
+
+
+def host_rows(fleet: Fleet, host: str, trial_id: int) -> list[TrialRow]:
+    """The journal rows of `host`'s promotion from canary trial `trial_id`, oldest first."""
+    target = fleet.sessions[host].target.name
+    return [
+        t
+        for t in fleet.ledger.trials(target)
+        if t.record.get("promotion", {}).get("trial") == trial_id
+    ]
+
+
+def open_row(fleet: Fleet, host: str, trial_id: int) -> TrialRow:
+    rows = host_rows(fleet, host, trial_id)
+    if not rows or rows[-1].finished_at is not None:
+        raise UsageError(f"{host} has no open promotion of trial {trial_id}")
+    return rows[-1]
+
+
+async def begin(fleet: Fleet, host: str, trial_id: int, wave: str) -> None:
+    session, ledger = fleet.sessions[host], fleet.ledger
+    canary = ledger.trial(trial_id)
+    assert canary.candidate_gen is not None
+    text = ledger.generation(canary.candidate_gen).spec_text
+    name = session.target.name
+    good = ledger.last_known_good(name)
+    if good is None:
+        raise UsageError(f"{host} has no known-good generation to come back to")
+    candidate = ledger.record_generation(name, text, note=f"promoted from trial {trial_id}")
+    assert isinstance(session.target, SystemdTarget)
+    mark = await session.target.log_mark()
+    row = ledger.start_trial(name, canary.change, good.id)
+    promotion = {"trial": trial_id, "group": fleet.group, "host": host, "wave": wave}
+    ledger.step(
+        row,
+        TrialState.INSTALLING,
+        f"promotion of trial {trial_id} to {host}, wave {wave}",
+        candidate_gen=candidate.id,
+        record_json={"promotion": promotion, "mark": mark},
+    )
+
+
+async def verify(fleet: Fleet, host: str, trial_id: int) -> None:
+    session, ledger = fleet.sessions[host], fleet.ledger
+    row = open_row(fleet, host, trial_id)
+    expected = ledger.trial(trial_id).facts_after
+    assert expected is not None
+    ledger.step(row.id, TrialState.RESTARTING, "restarted by the play")
+    facts = await session.read_started(row.record["mark"], time.monotonic())
+    mismatches = verify_facts(expected, facts, session.engine.capacity_tolerance_pct)
+    if mismatches:
+        raise ServerNotReadyError("facts differ from the canary's: " + "; ".join(mismatches))
+    ledger.step(row.id, TrialState.FACTS, "facts match the canary's")
+    ledger.step(
+        row.id,
+        TrialState.JUDGED,
+        "verified against the canary",
+        verdict="KEEP",
+        record_json={**row.record, "facts_after": facts.model_dump()},
+    )
+
+
+async def rollback(session: Session, row: TrialRow, why: str) -> None:
+    """Restore the row's baseline, verified, and close its journal (reverted)."""
+    ledger = session.ledger
+    ledger.step(row.id, TrialState.REVERTING, why, verdict="REVERT")
+    baseline = ledger.generation(row.baseline_gen)
+    restore = await session.restore(baseline)
+    ledger.step(row.id, TrialState.REVERTED, restore_detail(restore), finished_at=time.time())
+    if not restore.verified:
+        raise RollbackError(f"rolled back, but {restore_detail(restore)}")
+    ledger.mark_known_good(baseline.id, restore.facts.model_dump())
+
+
+async def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="flagtrial.fleet.hoststep")
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--trial", type=int, required=True)
+    parser.add_argument("action", choices=("begin", "verify", "rollback"))
+    parser.add_argument("host")
+    parser.add_argument("--wave", default="")
+    parser.add_argument("--why", default="failed")
+    args = parser.parse_args(argv)
+    fleet = Fleet.open(args.project, args.group, lambda kind, detail: None)
+    try:
+        if args.action == "begin":
+            await begin(fleet, args.host, args.trial, args.wave)
+        elif args.action == "verify":
+            await verify(fleet, args.host, args.trial)
+        else:
+            row = open_row(fleet, args.host, args.trial)
+            await rollback(fleet.sessions[args.host], row, args.why)
+    finally:
+        await fleet.aclose()
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main(sys.argv[1:]))
+    except FlagtrialError as e:
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_code)
