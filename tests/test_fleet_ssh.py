@@ -24,7 +24,7 @@ from harness.hosts import (
     missing_libraries,
     require_root,
 )
-from harness.project import write_project_file
+from harness.project import update_project_file, write_project_file
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +36,13 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 KNOWN_GOOD = llama_unit("-np 2 -b 16 -ub 16")
 CHANGE = ("--set", "-b=512", "--set", "-ub=512")
 CANDIDATE = KNOWN_GOOD.replace("-b 16 -ub 16", "-b 512 -ub 512")
+# A host that cannot run the candidate (as one with less memory could not): its unit's
+# drop-in refuses to start with 512-token batches, the known-good starts as before.
+REFUSES_CANDIDATE = f"[Service]\nExecStartPre=/bin/sh -c '! grep -q -- \"-b 512\" {UNIT_PATH}'\n"
+
+
+def refuse_candidate(host: SystemdHost) -> None:
+    host.install_unit(f"{UNIT}.d/refuse.conf", REFUSES_CANDIDATE)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +87,7 @@ def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path
     for h in hosts:
         h.reset_unit(UNIT)
         h.install_unit(UNIT, KNOWN_GOOD)
-        h.sh("rm -f -- /etc/systemd/system/llama.service.flagtrial-prev")
+        h.sh(f"rm -rf -- {UNIT_PATH}.flagtrial-prev {UNIT_PATH}.d && systemctl daemon-reload")
     write_inventory(tmp_path / "hosts.ini", hosts, python_tree / "bin" / "python3")
     return write_project_file(
         tmp_path / "flagtrial.toml",
@@ -173,3 +180,52 @@ def test_kept_change_promoted_in_waves(hosts: list[SystemdHost], project: Path) 
     assert [(r["spec"], r["facts"], r["serving"]) for r in rows.values()] == [
         ("known-good", [], True)
     ] * 3
+
+
+def outcomes(promotion: dict[str, Any]) -> dict[str, str]:
+    return {h["name"]: h["outcome"] for h in promotion["hosts"]}
+
+
+def test_host_specific_failure_rolled_back_alone(hosts: list[SystemdHost], project: Path) -> None:
+    """One wave of both other hosts, a budget of 50 %: ft-43 cannot start the candidate,
+    is rolled back at once and verified; ft-42 keeps it (exit 12)."""
+    update_project_file(project, fleet={"serial": ["100%"], "max_fail_percentage": 50})
+    refuse_candidate(hosts[2])
+    code, out, log = promote(project)
+    assert code == 12, log
+    promotion = out["promotion"]
+    assert outcomes(promotion) == {"ft-42": "promoted", "ft-43": "rolled back"}
+    assert not promotion["budget_exceeded"]
+    [failed] = [h for h in promotion["hosts"] if h["name"] == "ft-43"]
+    assert "ExecStartPre" in failed["detail"] or "exit" in failed["detail"], failed
+    assert hosts[1].read(UNIT_PATH) == CANDIDATE.encode()
+    assert hosts[2].read(UNIT_PATH) == KNOWN_GOOD.encode()
+    for h in hosts:
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    code, rows, _ = status(project)
+    assert [rows[n]["spec"] for n in ("ft-41", "ft-42", "ft-43")] == [
+        "known-good",
+        "known-good",
+        "differs",
+    ]
+
+
+def test_failure_beyond_budget_rolls_the_fleet_back(
+    hosts: list[SystemdHost], project: Path
+) -> None:
+    """Waves [1, 100 %] and no failure allowed: ft-42 is promoted in wave 1, ft-43 fails in
+    wave 2, so ft-42 and the canary are rolled back too, each verified (exit 13)."""
+    update_project_file(project, fleet={"serial": [1, "100%"], "max_fail_percentage": 0})
+    refuse_candidate(hosts[2])
+    code, out, log = promote(project)
+    assert code == 13, log
+    promotion = out["promotion"]
+    assert promotion["budget_exceeded"] and promotion["canary_rolled_back"]
+    assert outcomes(promotion) == {"ft-42": "rolled back", "ft-43": "rolled back"}
+    for h in hosts:
+        assert h.read(UNIT_PATH) == KNOWN_GOOD.encode(), h.name
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    code, rows, _ = status(project)
+    assert [r["spec"] for r in rows.values()] == ["known-good"] * 3
+    history = json.loads(cli(project, "history", "--json").stdout)["trials"]
+    assert sorted(t["state"] for t in history) == ["kept", "reverted", "reverted"]

@@ -23,7 +23,7 @@ from flagtrial.cli.common import (
     emit_json,
     run,
 )
-from flagtrial.errors import TargetError
+from flagtrial.errors import FlagtrialError, TargetError
 
 if TYPE_CHECKING:
     from flagtrial.fleet.hosts import Fleet, FleetStatus
@@ -167,4 +167,37 @@ def show_promotion(p: Promotion) -> None:
     if p.budget_exceeded:
         ui.console.print(
             "[red]past the failure budget[/red]: every promoted host and the canary rolled back"
+        )
+
+
+@fleet_app.command("recover")
+def recover(
+    group: GroupArg,
+    project: ProjectOpt = DEFAULT_PROJECT,
+    json_out: JsonOpt = False,
+    accept_new: AcceptNewOpt = False,
+) -> None:
+    """Finish a killed promotion: every host verified on the new generation or its known-good."""
+    from flagtrial.fleet.promote import recover as run_recover
+
+    async def body() -> dict[str, dict[int, str] | FlagtrialError]:
+        async with open_fleet(
+            project, group, accept_new_host_key=accept_new, json_out=json_out
+        ) as fleet:
+            return await run_recover(fleet)
+
+    results = run(body)
+    failed = {name: r for name, r in results.items() if isinstance(r, FlagtrialError)}
+    done = {name: r for name, r in results.items() if not isinstance(r, FlagtrialError)}
+    if json_out:
+        emit_json({"hosts": done, "failed": {name: str(e) for name, e in failed.items()}})
+    else:
+        for name, trials in done.items():
+            ended = ", ".join(f"trial {t} {state}" for t, state in trials.items())
+            ui.console.print(f"{name}: {ended or 'nothing to recover'}", markup=False)
+    if failed:
+        first = next(iter(failed.values()))
+        raise type(first)(
+            f"{len(failed)} of {len(results)} hosts not recovered: "
+            + "; ".join(f"{name}: {e}" for name, e in failed.items())
         )

@@ -4,13 +4,20 @@ waits for the restarted server and checks its facts against the canary's, `rollb
 restores the host's known-good and verifies it. Exit 0 on success; otherwise one line on
 stderr and the error's exit code, which fails the task (and so the host) in Ansible.
 
-    python -m flagtrial.fleet.hoststep --project P --group G --trial T ACTION HOST
+    python -m flagtrial.fleet.hoststep --project P --group G --trial T --parent PID:TICKS \
+        ACTION HOST
+
+Each step first checks that the flagtrial that runs the promotion (PID, started at TICKS) is
+still there: when it is gone, the step stops the whole play (its session, led by
+ansible-playbook), so nothing more changes on any host before `flagtrial fleet recover`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,8 +25,10 @@ from pathlib import Path
 from flagtrial.errors import FlagtrialError, RollbackError, ServerNotReadyError, UsageError
 from flagtrial.fleet.hosts import Fleet
 from flagtrial.records import TrialRow
+from flagtrial.redact import Redactor
 from flagtrial.session import Session, restore_detail, verify_facts
 from flagtrial.states import TrialState
+from flagtrial.targets.holder import proc_start_ticks
 from flagtrial.targets.systemd import SystemdTarget
 
 
@@ -53,7 +62,8 @@ async def begin(fleet: Fleet, host: str, trial_id: int, wave: str) -> None:
     assert isinstance(session.target, SystemdTarget)
     mark = await session.target.log_mark()
     row = ledger.start_trial(name, canary.change, good.id)
-    promotion = {"trial": trial_id, "group": fleet.group, "host": host, "wave": wave}
+    promotion = {"trial": trial_id, "group": fleet.group, "host": host, "wave": wave,
+                 "play": play_of_this_step()}  # fmt: skip
     ledger.step(
         row,
         TrialState.INSTALLING,
@@ -95,17 +105,43 @@ async def rollback(session: Session, row: TrialRow, why: str) -> None:
     ledger.mark_known_good(baseline.id, restore.facts.model_dump())
 
 
-async def main(argv: list[str]) -> None:
+def play_of_this_step() -> int:
+    """The play this step runs in: its session, whose leader is ansible-playbook."""
+    return os.getsid(0)
+
+
+def stop_play(sid: int) -> bool:
+    """Kill the play led by `sid` if it still runs (and is an ansible-playbook)."""
+    try:
+        leader = Path(f"/proc/{sid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    if b"ansible-playbook" not in leader:
+        return False
+    os.killpg(sid, signal.SIGKILL)
+    return True
+
+
+def _parent_gone(parent: str) -> bool:
+    pid, _, ticks = parent.partition(":")
+    return proc_start_ticks(int(pid)) != int(ticks)
+
+
+async def main(argv: list[str], secrets: Redactor) -> None:
     parser = argparse.ArgumentParser(prog="flagtrial.fleet.hoststep")
     parser.add_argument("--project", type=Path, required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--trial", type=int, required=True)
+    parser.add_argument("--parent", required=True, help="PID:TICKS of the promoting flagtrial")
     parser.add_argument("action", choices=("begin", "verify", "rollback"))
     parser.add_argument("host")
     parser.add_argument("--wave", default="")
     parser.add_argument("--why", default="failed")
     args = parser.parse_args(argv)
-    fleet = Fleet.open(args.project, args.group, lambda kind, detail: None)
+    if _parent_gone(args.parent):
+        stop_play(play_of_this_step())
+        raise UsageError("the promoting flagtrial is gone: run `flagtrial fleet recover`")
+    fleet = Fleet.open(args.project, args.group, lambda kind, detail: None, secrets=secrets)
     try:
         if args.action == "begin":
             await begin(fleet, args.host, args.trial, args.wave)
@@ -119,8 +155,9 @@ async def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    redactor = Redactor()
     try:
-        asyncio.run(main(sys.argv[1:]))
+        asyncio.run(main(sys.argv[1:], redactor))
     except FlagtrialError as e:
-        print(e, file=sys.stderr)
+        print(redactor.text(str(e)), file=sys.stderr)
         sys.exit(e.exit_code)

@@ -26,12 +26,13 @@ from pydantic import BaseModel
 from flagtrial.errors import FlagtrialError, TargetError
 from flagtrial.facts import Facts
 from flagtrial.fleet.hosts import Fleet, host_endpoint
-from flagtrial.fleet.hoststep import host_rows, rollback
+from flagtrial.fleet.hoststep import host_rows, rollback, stop_play
 from flagtrial.fleet.inventory import FleetHost
 from flagtrial.launch.spec import encode_spec
 from flagtrial.records import TrialRow
 from flagtrial.session import Session, restore_detail
 from flagtrial.states import TrialState
+from flagtrial.targets.holder import proc_start_ticks
 
 if TYPE_CHECKING:
     from flagtrial.launch.change import Change
@@ -70,6 +71,37 @@ class Promotion(BaseModel):
         return sum(h.outcome == outcome for h in self.hosts)
 
 
+def stop_left_plays(fleet: Fleet) -> list[int]:
+    """Kill what a killed promotion's play may still run: the play of every host journal left
+    open (its flagtrial is gone: the caller got the hosts' locks)."""
+    plays = {
+        int(t.record["promotion"]["play"])
+        for s in fleet.sessions.values()
+        for t in fleet.ledger.unfinished_trials(s.target.name)
+        if "play" in t.record.get("promotion", {})
+    }
+    return [sid for sid in sorted(plays) if stop_play(sid)]
+
+
+async def recover(fleet: Fleet) -> dict[str, dict[int, str] | FlagtrialError]:
+    """`fleet recover`: under every host's lock, a killed promotion's play stopped, then each
+    host's unfinished journals finished (Session.recover: a host verified on the new
+    generation keeps it, any other goes back to its known-good, verified): per host, each
+    journal's id -> the state it ended in."""
+
+    async def one(host: FleetHost, session: Session) -> dict[int, str]:
+        left = session.ledger.unfinished_trials(session.target.name)
+        await session.recover()
+        return {t.id: session.ledger.trial(t.id).state for t in left}
+
+    async with contextlib.AsyncExitStack() as stack:
+        for host in fleet.hosts:
+            target = fleet.sessions[host.name].target
+            await stack.enter_async_context(target.lock("flagtrial fleet recover"))
+        stop_left_plays(fleet)
+        return await fleet.each(fleet.hosts, one)
+
+
 async def prepare(fleet: Fleet) -> dict[str, Facts]:
     """Every host's known-good, running and read (a host without one recorded is restarted
     once to read it), its unfinished journals recovered first; a host that cannot be read
@@ -79,6 +111,7 @@ async def prepare(fleet: Fleet) -> dict[str, Facts]:
         _, _, facts = await session.known_good()
         return facts
 
+    stop_left_plays(fleet)
     results = await fleet.each(fleet.hosts, read)
     failed = {name: r for name, r in results.items() if isinstance(r, FlagtrialError)}
     if failed:
@@ -143,8 +176,10 @@ def _run_play(
     candidate_file = data_dir / "candidate"
     candidate_file.write_bytes(encode_spec(candidate))
     policy = fleet.project.fleet
+    parent = f"{os.getpid()}:{proc_start_ticks(os.getpid())}"
     step = [sys.executable, "-m", "flagtrial.fleet.hoststep", "--project",
-            str(fleet.project_file), "--group", fleet.group, "--trial", str(trial_id)]  # fmt: skip
+            str(fleet.project_file), "--group", fleet.group, "--trial", str(trial_id),
+            "--parent", parent]  # fmt: skip
     extravars: dict[str, Any] = {
         "ft_hosts": ",".join(h.name for h in fleet.others),
         "ft_serial": policy.serial,
@@ -169,8 +204,6 @@ def _run_play(
         quiet=True,
         cancel_callback=stop.is_set,
     )
-    if os.environ.get("FT_DEBUG_PLAY"):
-        print(runner.stdout.read(), file=sys.stderr)
     return str(runner.status)
 
 
