@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.cli import cli
+from flagtrial.ledger import Ledger
+from harness.cli import cli, command, environment
 from harness.hosts import (
     TEST_KEY,
     SystemdHost,
@@ -229,3 +232,106 @@ def test_failure_beyond_budget_rolls_the_fleet_back(
     assert [r["spec"] for r in rows.values()] == ["known-good"] * 3
     history = json.loads(cli(project, "history", "--json").stdout)["trials"]
     assert sorted(t["state"] for t in history) == ["kept", "reverted", "reverted"]
+
+
+CUT_SSH = """\
+main=$(systemctl show -p MainPID --value ssh.service)
+sessions=$(cat /proc/"$main"/task/"$main"/children)
+systemctl stop ssh.service
+kill -KILL $sessions
+"""
+
+
+def cut_ssh_once_the_play_keeps_the_old_text(host: SystemdHost) -> None:
+    """The host stops answering SSH mid-wave: a path unit there stops sshd and kills every
+    SSH session (Ansible's kept-open connection too) once the play has kept the old unit
+    text beside the unit."""
+    host.sh("cat >/run/cut-ssh.sh", input=CUT_SSH)
+    host.sh(
+        "systemd-run --unit=ft-cut-ssh --property=RemainAfterExit=yes "
+        f"--path-property=PathExists={UNIT_PATH}.flagtrial-prev sh /run/cut-ssh.sh"
+    )
+
+
+def test_host_unreachable_mid_wave(hosts: list[SystemdHost], project: Path) -> None:
+    """ft-43 stops answering after the play began on it: Ansible counts it failed (50 %,
+    within the budget), ft-42 is promoted, ft-43 is left unfinished (exit 12) and named;
+    once it answers again `fleet recover` puts its known-good back, verified."""
+    update_project_file(project, fleet={"serial": ["100%"], "max_fail_percentage": 50})
+    last = hosts[2]
+    cut_ssh_once_the_play_keeps_the_old_text(last)
+    try:
+        code, out, log = promote(project)
+    finally:
+        last.sh("systemctl stop ft-cut-ssh.path ft-cut-ssh.service; systemctl start ssh.service")
+    assert code == 12, log
+    promotion = out["promotion"]
+    assert outcomes(promotion) == {"ft-42": "promoted", "ft-43": "unfinished"}, json.dumps(
+        promotion
+    )
+    [left] = [h for h in promotion["hosts"] if h["name"] == "ft-43"]
+    assert "cannot connect" in left["detail"] and "fleet recover gpus" in left["detail"]
+    r = cli(project, "fleet", "recover", "gpus", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ended = json.loads(r.stdout)["hosts"]
+    assert list(ended["ft-43"].values()) == ["recovered"]
+    assert last.read(UNIT_PATH) == KNOWN_GOOD.encode()
+    assert last.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    assert hosts[1].read(UNIT_PATH) == CANDIDATE.encode()
+
+
+def running_plays() -> list[int]:
+    """ansible-playbook processes on this machine (only this module's tests run Ansible)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and b"ansible-playbook" in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+    return found
+
+
+def test_killed_mid_wave_then_recover(hosts: list[SystemdHost], project: Path) -> None:
+    """flagtrial SIGKILLed once wave 2 began on ft-43 (wave 1, ft-42, verified): the play's
+    next step finds its flagtrial gone and stops the play; `fleet recover` then finishes
+    every host: ft-42 verified on the new generation, ft-43 back on its known-good."""
+    ledger_path = project.parent / ".flagtrial" / "ledger.db"
+    last = f"{hosts[2].url}/{UNIT}"
+    proc = subprocess.Popen(
+        command(project, ("trial", *CHANGE, "--fleet", "gpus")),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ledger_path.exists():
+                ledger = Ledger(ledger_path)
+                states = [t.state for t in ledger.trials(last)]
+                ledger.close()
+                if "installing" in states or "restarting" in states:
+                    break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the promotion ended before its second wave began"
+        proc.kill()
+    finally:
+        proc.wait()
+    r = cli(project, "fleet", "recover", "gpus", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ended = json.loads(r.stdout)["hosts"]
+    assert (list(ended["ft-42"].values()), list(ended["ft-43"].values())) == (
+        ["kept"],
+        ["recovered"],
+    )
+    assert running_plays() == []
+    assert [h.read(UNIT_PATH) for h in hosts] == [
+        CANDIDATE.encode(),
+        CANDIDATE.encode(),
+        KNOWN_GOOD.encode(),
+    ]
+    for h in hosts:
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [r["spec"] for r in rows.values()] == ["known-good", "known-good", "differs"]
