@@ -158,12 +158,11 @@ def show_promotion(p: Promotion) -> None:
     table.add_row(f"{p.canary} (canary)", "", "rolled back" if p.canary_rolled_back else "kept", "")
     for h in p.hosts:
         style = {"promoted": "green", "rolled back": "yellow"}.get(h.outcome, "red")
-        table.add_row(h.name, h.wave, f"[{style}]{h.outcome}[/{style}]", escape(h.detail))
+        wave = str(h.wave) if h.wave else ""
+        table.add_row(h.name, wave, f"[{style}]{h.outcome}[/{style}]", escape(h.detail))
     ui.console.print(table)
-    for i, wave in enumerate(p.waves, 1):
-        ui.console.print(
-            f"wave {i} ({', '.join(wave.hosts)}): {wave.seconds:.1f}s, {wave.failed} failed"
-        )
+    for i, w in enumerate(p.waves, 1):
+        ui.console.print(f"wave {i} ({', '.join(w.hosts)}): {w.seconds:.1f}s, {w.failed} failed")
     if p.budget_exceeded:
         ui.console.print(
             "[red]past the failure budget[/red]: every promoted host and the canary rolled back"

@@ -46,7 +46,7 @@ Outcome = Literal["promoted", "rolled back", "unfinished", "not reached"]
 class HostOutcome(BaseModel):
     name: str
     outcome: Outcome
-    wave: str = ""
+    wave: int | None = None  # 1, 2, ...: the wave it was in
     trial_id: int | None = None  # the host's promotion journal
     detail: str = ""
 
@@ -203,8 +203,23 @@ def _run_play(
         forks=policy.forks,
         quiet=True,
         cancel_callback=stop.is_set,
+        event_handler=lambda event: _tell(fleet, event),
     )
     return str(runner.status)
+
+
+_RESULTS = {"runner_on_ok": "done", "runner_on_failed": "failed",
+            "runner_on_unreachable": "unreachable"}  # fmt: skip
+
+
+def _tell(fleet: Fleet, event: dict[str, Any]) -> bool:
+    """Each host's task results as the play reports them (ansible-runner's events)."""
+    data = event.get("event_data", {})
+    result = _RESULTS.get(str(event.get("event")))
+    host = data.get("host")
+    if result and host in fleet.sessions and not data.get("ignore_errors"):
+        fleet.sessions[host].notify("promoting", f"{data.get('task', '')}: {result}")
+    return True  # keep the event in the artifacts
 
 
 async def promote(fleet: Fleet, trial_id: int) -> Promotion:
@@ -243,8 +258,9 @@ async def settle(
     rows = {h.name: host_rows(fleet, h.name, trial_id) for h in fleet.others}
     last = {name: r[-1] for name, r in rows.items() if r}
     waves: dict[str, list[TrialRow]] = {}
-    for row in last.values():
+    for row in sorted(last.values(), key=lambda r: r.id):  # journaled in wave order
         waves.setdefault(_wave_of(row), []).append(row)
+    number = {wave: i for i, wave in enumerate(waves, 1)}
 
     def failed(row: TrialRow) -> bool:
         return row.state != TrialState.JUDGED
@@ -260,7 +276,7 @@ async def settle(
         row = last.get(host.name)
         if row is None:
             return HostOutcome(name=host.name, outcome="not reached")
-        out = HostOutcome(name=host.name, outcome="unfinished", wave=_wave_of(row),
+        out = HostOutcome(name=host.name, outcome="unfinished", wave=number[_wave_of(row)],
                           trial_id=row.id)  # fmt: skip
         if row.state == TrialState.JUDGED and not exceeded:
             assert row.candidate_gen is not None and row.facts_after is not None
@@ -272,9 +288,8 @@ async def settle(
             out.outcome, out.detail = "rolled back", "the promotion went past its failure budget"
         elif row.state == TrialState.REVERTED:
             out.outcome = "rolled back"
-            out.detail = next(
-                (e.detail for e in ledger.events(row.id) if e.state == TrialState.REVERTING), ""
-            )
+            why = (e.detail for e in ledger.events(row.id) if e.state == TrialState.REVERTING)
+            out.detail = " ".join(next(why, "").split())  # one line: Ansible's may be several
         else:
             # Cut off inside the play (the host stopped answering): recovered when it answers.
             try:
