@@ -96,7 +96,8 @@ def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path
         tmp_path / "flagtrial.toml",
         "[workload]\nconcurrency = [2]\nprompt_words = 200\nmax_tokens = 8\n"
         "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
-        "[policy]\nruns = 2\nmax_runs = 24\nset_aside_disturbed = false\n",
+        '[policy]\nprotocol = "before-after"\nruns = 2\nrecheck_runs = 2\nmax_runs = 24\n'
+        "set_aside_disturbed = false\n",
         target=hosts[0].url,
         unit=UNIT,
         endpoint=hosts[0].endpoint,
@@ -290,6 +291,22 @@ def running_plays() -> list[int]:
     return found
 
 
+def wait_for_journal(
+    proc: subprocess.Popen[Any], ledger_path: Path, target: str, states: tuple[str, ...]
+) -> None:
+    """Until a promotion journal of `target` is in one of `states` (polling the ledger)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ledger_path.exists():
+            ledger = Ledger(ledger_path)
+            found = {t.state for t in ledger.trials(target)}
+            ledger.close()
+            if found & set(states):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no journal of {target} reached {states} (exit {proc.poll()})")
+
+
 def test_killed_mid_wave_then_recover(hosts: list[SystemdHost], project: Path) -> None:
     """flagtrial SIGKILLed once wave 2 began on ft-43 (wave 1, ft-42, verified): the play's
     next step finds its flagtrial gone and stops the play; `fleet recover` then finishes
@@ -304,16 +321,7 @@ def test_killed_mid_wave_then_recover(hosts: list[SystemdHost], project: Path) -
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if ledger_path.exists():
-                ledger = Ledger(ledger_path)
-                states = [t.state for t in ledger.trials(last)]
-                ledger.close()
-                if "installing" in states or "restarting" in states:
-                    break
-            time.sleep(0.1)
-        assert proc.poll() is None, "the promotion ended before its second wave began"
+        wait_for_journal(proc, ledger_path, last, ("installing", "restarting"))
         proc.kill()
     finally:
         proc.wait()
@@ -335,3 +343,37 @@ def test_killed_mid_wave_then_recover(hosts: list[SystemdHost], project: Path) -
     code, rows, _ = status(project)
     assert code == 0
     assert [r["spec"] for r in rows.values()] == ["known-good", "known-good", "differs"]
+
+
+def test_sigterm_mid_wave_rolls_every_host_back(hosts: list[SystemdHost], project: Path) -> None:
+    """SIGTERM once wave 2 began: the play is stopped, every promoted host and the canary go
+    back to their known-good, verified, and flagtrial exits 130."""
+    ledger_path = project.parent / ".flagtrial" / "ledger.db"
+    last = f"{hosts[2].url}/{UNIT}"
+    proc = subprocess.Popen(
+        command(project, ("trial", *CHANGE, "--fleet", "gpus")),
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for_journal(proc, ledger_path, last, ("installing", "restarting"))
+        proc.terminate()
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, out
+    assert running_plays() == []
+    for h in hosts:
+        assert h.read(UNIT_PATH) == KNOWN_GOOD.encode(), h.name
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    ledger = Ledger(ledger_path)
+    states = {t.target: t.state for t in ledger.trials() if t.record.get("promotion")}
+    ledger.close()
+    assert set(states.values()) <= {"reverted", "recovered"}, states
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [r["spec"] for r in rows.values()] == ["known-good"] * 3

@@ -1,7 +1,7 @@
 """What the promotion play runs on this machine for one host (fleet/promote.yml), as its own
 process: `begin` journals the host's promotion before the play installs anything, `verify`
-waits for the restarted server and checks its facts against the canary's, `rollback`
-restores the host's known-good and verifies it. Exit 0 on success; otherwise one line on
+waits for the restarted server, checks its facts against the canary's and sends it a short
+health load, `rollback` restores the host's known-good and verifies it. Exit 0 on success; otherwise one line on
 stderr and the error's exit code, which fails the task (and so the host) in Ansible.
 
     python -m flagtrial.fleet.hoststep --project P --group G --trial T --parent PID:TICKS \
@@ -30,6 +30,10 @@ from flagtrial.session import Session, restore_detail, verify_facts
 from flagtrial.states import TrialState
 from flagtrial.targets.holder import proc_start_ticks
 from flagtrial.targets.systemd import SystemdTarget
+
+# After a host's facts match the canary's: this many requests, none may fail.
+HEALTH_REQUESTS = 4
+HEALTH_SEED = -2  # prompts of their own, apart from the trial's runs and the facts' probe
 
 
 def host_rows(fleet: Fleet, host: str, trial_id: int) -> list[TrialRow]:
@@ -84,6 +88,7 @@ async def verify(fleet: Fleet, host: str, trial_id: int) -> None:
     if mismatches:
         raise ServerNotReadyError("facts differ from the canary's: " + "; ".join(mismatches))
     ledger.step(row.id, TrialState.FACTS, "facts match the canary's")
+    await health_load(session)
     ledger.step(
         row.id,
         TrialState.JUDGED,
@@ -91,6 +96,26 @@ async def verify(fleet: Fleet, host: str, trial_id: int) -> None:
         verdict="KEEP",
         record_json={**row.record, "facts_after": facts.model_dump()},
     )
+
+
+async def health_load(session: Session) -> None:
+    """A short load of the project's workload, one request at a time: every one must succeed."""
+    from flagtrial.load.runner import run_level  # httpx and numpy: only where load is sent
+
+    result = await run_level(
+        session.project.endpoint,
+        session.project.workload,
+        1,
+        n_requests=HEALTH_REQUESTS,
+        warmup=False,
+        seed=HEALTH_SEED,
+    )
+    summary = result.summary
+    if summary.n_errors:
+        first = next(iter(summary.errors), "")
+        raise ServerNotReadyError(
+            f"health load: {summary.n_errors} of {summary.n_requests} requests failed ({first})"
+        )
 
 
 async def rollback(session: Session, row: TrialRow, why: str) -> None:
