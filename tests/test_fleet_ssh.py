@@ -96,8 +96,7 @@ def project(hosts: list[SystemdHost], tmp_path: Path, python_tree: Path) -> Path
         tmp_path / "flagtrial.toml",
         "[workload]\nconcurrency = [2]\nprompt_words = 200\nmax_tokens = 8\n"
         "requests_per_run = 8\nwarmup_requests = 1\nrun_timeout_s = 60\n"
-        '[policy]\nprotocol = "before-after"\nruns = 2\nrecheck_runs = 2\nmax_runs = 24\n'
-        "set_aside_disturbed = false\n",
+        "[policy]\nruns = 2\nmax_runs = 24\nset_aside_disturbed = false\n",
         target=hosts[0].url,
         unit=UNIT,
         endpoint=hosts[0].endpoint,
