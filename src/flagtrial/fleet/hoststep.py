@@ -1,8 +1,9 @@
 """What the promotion play runs on this machine for one host (fleet/promote.yml), as its own
 process: `begin` journals the host's promotion before the play installs anything, `verify`
 waits for the restarted server, checks its facts against the canary's and sends it a short
-health load, `rollback` restores the host's known-good and verifies it. Exit 0 on success; otherwise one line on
-stderr and the error's exit code, which fails the task (and so the host) in Ansible.
+health load, `rollback` restores the host's known-good and verifies it. Exit 0 on success;
+otherwise one line on stderr and the error's exit code, which fails the task (and so the
+host) in Ansible.
 
     python -m flagtrial.fleet.hoststep --project P --group G --trial T --parent PID:TICKS \
         ACTION HOST
