@@ -20,7 +20,6 @@ from harness.cli import cli, command, environment
 from harness.hosts import (
     TEST_KEY,
     SystemdHost,
-    base_interpreter,
     container_root,
     llama_host,
     llama_unit,
@@ -50,8 +49,9 @@ def refuse_candidate(host: SystemdHost) -> None:
 
 @pytest.fixture(scope="module")
 def python_tree() -> Path:
-    """The installation this venv was made from, bound into every host for Ansible."""
-    tree = base_interpreter(Path(sys.prefix))
+    """The installation this venv was made from (its own folder, as pyenv's are), bound into
+    every host for Ansible's modules."""
+    tree = Path(sys.base_prefix)
     assert tree not in (Path("/usr"), Path("/")), f"{tree} cannot be bound over the host's"
     return tree
 

@@ -34,7 +34,6 @@ from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
 from harness.hosts import (
     SystemdHost,
-    base_interpreter,
     container_root,
     missing_libraries,
     require_root,
@@ -66,6 +65,15 @@ def vllm_unit(python: Path, model: Path, *extra: str) -> str:
         + " ".join(quote_word(literal_word(w)) for w in words)
         + "\n"
     )
+
+
+def base_interpreter(venv: Path) -> Path:
+    """The installation the venv was made from (pyvenv.cfg `home` is its bin folder)."""
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return Path(value.strip()).parent
+    raise AssertionError(f"{venv}/pyvenv.cfg names no home")
 
 
 @pytest.fixture(scope="module")

@@ -272,15 +272,6 @@ def systemd_host(
         _remove_network(n)
 
 
-def base_interpreter(venv: Path) -> Path:
-    """The installation the venv was made from (pyvenv.cfg `home` is its bin folder)."""
-    for line in (venv / "pyvenv.cfg").read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "home":
-            return Path(value.strip()).parent
-    raise AssertionError(f"{venv}/pyvenv.cfg names no home")
-
-
 def missing_libraries(root: Path, *trees: Path) -> list[Path]:
     """The system libraries that shared objects under `trees` link to and the container root
     lacks (the interpreter was built against this machine's libsqlite3, vLLM's kernels need
