@@ -3,6 +3,7 @@ connection vars flagtrial reaches a host by, and one-line errors for bad input."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from flagtrial.errors import ProjectError, UsageError
 from flagtrial.fleet.hosts import host_endpoint
 from flagtrial.fleet.inventory import FleetHost, load_group
+from flagtrial.settings import load_project
 from harness.cli import cli
 from harness.project import write_project_file
 
@@ -106,3 +108,11 @@ def test_fleet_status_bad_input_exit_codes(tmp_path: Path) -> None:
     assert r.returncode == 2
     [line] = r.stderr.strip().splitlines()
     assert line.startswith(f"error: inventory {tmp_path / 'hosts.ini'} cannot be parsed: ")
+
+
+@pytest.mark.parametrize("wave", [0, "0%", "150%", "half"])
+def test_bad_waves_name_the_key(tmp_path: Path, wave: object) -> None:
+    path = tmp_path / "flagtrial.toml"
+    path.write_text(f'unit = "llama.service"\n[fleet]\nserial = [1, {json.dumps(wave)}]\n')
+    with pytest.raises(ProjectError, match=r"fleet\.serial: Value error, a wave is a host count"):
+        load_project(path)
