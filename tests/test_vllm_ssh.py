@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +32,14 @@ from flagtrial.reasons import Code
 from flagtrial.settings import load_project
 from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
-from harness.hosts import SystemdHost, container_root, require_root, ssh_project, systemd_host
+from harness.hosts import (
+    SystemdHost,
+    container_root,
+    missing_libraries,
+    require_root,
+    ssh_project,
+    systemd_host,
+)
 from harness.session import locked_trial, session_for
 from harness.standin import WORKLOAD
 from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, VLLM_ENV, VllmServer, vllm_args
@@ -69,21 +74,6 @@ def base_interpreter(venv: Path) -> Path:
         if key.strip() == "home":
             return Path(value.strip()).parent
     raise AssertionError(f"{venv}/pyvenv.cfg names no home")
-
-
-def missing_libraries(root: Path, *trees: Path) -> list[Path]:
-    """The system libraries that shared objects under `trees` link to and the container root
-    lacks (the interpreter was built against this machine's libsqlite3, vLLM's kernels need
-    libnuma): bound from here, they serve every process inside, flagtrial's own included."""
-    objects = sorted(str(p) for tree in trees for p in tree.rglob("*.so*") if p.is_file())
-    out = subprocess.run(["ldd", *objects], capture_output=True, text=True).stdout
-    found = {Path(m) for m in re.findall(r"=> (/\S+) \(", out)}
-    return sorted(
-        lib
-        for lib in found
-        if not any(lib.is_relative_to(t) for t in trees)
-        and not (root / lib.relative_to("/")).exists()
-    )
 
 
 @pytest.fixture(scope="module")

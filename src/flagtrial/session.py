@@ -109,6 +109,10 @@ class Session:
         """Restart on the installed spec, wait until ready, read the server's facts."""
         began = time.monotonic()
         mark = await self.target.restart()
+        return await self.read_started(mark, began)
+
+    async def read_started(self, mark: str, began: float) -> Facts:
+        """Wait until the start logged after `mark` (begun at `began`) is ready, read its facts."""
         await wait_ready(
             self.engine,
             self.target,

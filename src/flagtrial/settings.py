@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -157,6 +158,55 @@ class DeclaredGpu(BaseModel):
     cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"', examples=["12.8"])
 
 
+class Fleet(BaseModel):
+    """Fleets (`flagtrial fleet status GROUP`, `flagtrial trial --fleet GROUP`): an Ansible
+    inventory of identical hosts; a change kept on a canary is promoted to the rest in waves
+    by ansible-core (driven by ansible-runner), each host verified against the canary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inventory: str | None = Field(
+        None,
+        description="the Ansible inventory (INI or YAML), relative to this file; each host "
+        "is reached at its ansible_host / ansible_user / ansible_port with the [ssh] settings",
+        examples=["inventory.yml"],
+    )
+    canary: str | None = Field(
+        None,
+        description="the host the trial runs on (default: the group's first host)",
+        examples=["gpu-01"],
+    )
+    serial: list[int | str] = Field(
+        default_factory=lambda: list[int | str]([1, "50%", "100%"]),
+        description="promotion waves as Ansible's serial: host counts or percentages of the "
+        "hosts left after the canary, the last repeated until every host is done",
+    )
+    max_fail_percentage: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="failure budget: a wave whose failed hosts exceed this share stops the "
+        "promotion and every promoted host is rolled back",
+    )
+    pause_s: float = Field(0.0, ge=0, description="seconds to wait between waves")
+    forks: int = Field(5, ge=1, description="hosts Ansible works on at once within a wave")
+
+    @field_validator("serial")
+    @classmethod
+    def _waves(cls, v: list[int | str]) -> list[int | str]:
+        if not v:
+            raise ValueError("give at least one wave")
+        for wave in v:
+            ok = (
+                wave >= 1
+                if isinstance(wave, int)
+                else re.fullmatch(r"[1-9][0-9]?%|100%", wave) is not None
+            )
+            if not ok:
+                raise ValueError(f"a wave is a host count >= 1 or a percentage 1%..100%: {wave!r}")
+        return v
+
+
 class Project(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -192,6 +242,7 @@ class Project(BaseModel):
     )
     workload: Workload = Field(default_factory=Workload)
     policy: Policy = Field(default_factory=Policy)
+    fleet: Fleet = Field(default_factory=Fleet)
 
     # Where the project file lives; relative paths resolve against it.
     root: Path = Field(default=Path("."), exclude=True)

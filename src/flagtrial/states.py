@@ -6,7 +6,8 @@ block [gates ->] [installing ->] restarting -> [facts ->] measuring | measuring-
 then judged -> [installing -> restarting ->] kept | reverting -> reverted. From any state
 whose journal is open: reverting (interrupted after the candidate's install), aborted
 (stopped before it), recovered (a later command rolled it back); a later command promotes
-a trial judged KEEP to kept.
+a trial judged KEEP to kept. A fleet host's promotion: planned -> installing -> restarting
+-> facts -> judged -> kept | reverting -> reverted.
 
 An attribution's restarts (flagtrial.attribution) are journaled as a trial too: preflighted
 -> (installing -> restarting [-> facts]) per subset of the edits -> reverting -> reverted.
@@ -42,7 +43,8 @@ FINAL = frozenset({S.KEPT, S.REVERTED, S.ABORTED, S.RECOVERED})
 _EXITS = frozenset({S.REVERTING, S.ABORTED, S.RECOVERED})
 _AFTER_BLOCK = frozenset({S.INSTALLING, S.RESTARTING, S.JUDGED})
 _FORWARD: dict[TrialState, frozenset[TrialState]] = {
-    S.PLANNED: frozenset({S.PREFLIGHTED}),
+    # installing: a fleet host's promotion, the change judged on its canary (flagtrial.fleet)
+    S.PLANNED: frozenset({S.PREFLIGHTED, S.INSTALLING}),
     # the gates' findings, when there are any, before the first run
     S.PREFLIGHTED: frozenset({S.GATES, S.MEASURING_BASELINE}),
     S.GATES: frozenset({S.MEASURING_BASELINE}),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -271,6 +272,21 @@ def systemd_host(
         _remove_network(n)
 
 
+def missing_libraries(root: Path, *trees: Path) -> list[Path]:
+    """The system libraries that shared objects under `trees` link to and the container root
+    lacks (the interpreter was built against this machine's libsqlite3, vLLM's kernels need
+    libnuma): bound from here, they serve every process inside, flagtrial's own included."""
+    objects = sorted(str(p) for tree in trees for p in tree.rglob("*.so*") if p.is_file())
+    out = subprocess.run(["ldd", *objects], capture_output=True, text=True).stdout
+    found = {Path(m) for m in re.findall(r"=> (/\S+) \(", out)}
+    return sorted(
+        lib
+        for lib in found
+        if not any(lib.is_relative_to(t) for t in trees)
+        and not (root / lib.relative_to("/")).exists()
+    )
+
+
 def shared_dir_with(dest: Path, llama_server: Path, model: Path) -> Path:
     """A folder for /opt/shared: the llama-server binary and the model as tiny.gguf."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -281,12 +297,16 @@ def shared_dir_with(dest: Path, llama_server: Path, model: Path) -> Path:
 
 @contextlib.contextmanager
 def llama_host(
-    n: int, tmp_path_factory: pytest.TempPathFactory, llama_server: Path, model: Path
+    n: int,
+    tmp_path_factory: pytest.TempPathFactory,
+    llama_server: Path,
+    model: Path,
+    binds: Sequence[Path] = (),
 ) -> Iterator[SystemdHost]:
     """A booted host ft-N with llama-server and `model` (as tiny.gguf) under /opt/shared."""
     require_root()
     shared = shared_dir_with(tmp_path_factory.mktemp("shared"), llama_server, model)
-    with systemd_host(n, shared, tmp_path_factory.mktemp("ft-host")) as h:
+    with systemd_host(n, shared, tmp_path_factory.mktemp("ft-host"), binds) as h:
         yield h
 
 

@@ -19,7 +19,7 @@ from flagtrial.errors import FlagtrialError
 
 __all__ = ["app", "main"]
 
-for _group in ("setup", "changes", "server", "records", "demo"):  # the order --help lists
+for _group in ("setup", "changes", "server", "fleet", "records", "demo"):  # the order --help lists
     importlib.import_module(f"flagtrial.cli.{_group}")
 
 

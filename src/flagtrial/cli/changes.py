@@ -64,15 +64,26 @@ def trial(
             help="try attributed trial TRIAL's change without its harmful and interacting edits",
         ),
     ] = None,
+    fleet: Annotated[
+        str | None,
+        typer.Option(help="an inventory group: trial on its canary, then promote in waves"),
+    ] = None,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
     from flagtrial.trial import Trial
 
     edits = (add, set_, remove, env, unset_env)
-    if from_attribution is not None and any(edits):
-        raise UsageError("--from-attribution takes its change from the attribution: no edits")
+    if from_attribution is not None and (any(edits) or fleet is not None):
+        raise UsageError(
+            "--from-attribution takes its change from the attribution: no edits, no --fleet"
+        )
     change = make_change(*edits) if from_attribution is None else None
+    if fleet is not None and change is not None:
+        from flagtrial.cli.fleet import fleet_trial
+
+        opts = {"json_out": json_out, "accept_new": accept_new, "force": force}
+        raise typer.Exit(fleet_trial(fleet, change, project, **opts))
 
     async def body() -> int:
         from flagtrial.attribution import attribute as attribution

@@ -242,6 +242,11 @@ class SystemdTarget:
                 return line.removeprefix("-- cursor: ").strip()
         raise TargetError(f"the journal on {self._runner.where} gave no cursor")
 
+    async def log_mark(self) -> str:
+        """A mark for `logs_since` taken now, for a restart someone else runs (Ansible)."""
+        mark = self._mark = await self._journal_cursor()
+        return mark
+
     async def restart(self) -> str:
         # reset-failed clears the start limit and NRestarts, so a unit that failed or looped
         # before starts again and restart_loop counts this start only. It fails harmlessly

@@ -1,0 +1,118 @@
+"""Fleet inventories read with ansible-core's own code: groups, host and group vars, the
+connection vars flagtrial reaches a host by, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flagtrial.errors import ProjectError, UsageError
+from flagtrial.fleet.hosts import host_endpoint
+from flagtrial.fleet.inventory import FleetHost, load_group
+from flagtrial.settings import load_project
+from harness.cli import cli
+from harness.project import write_project_file
+
+INI = """\
+[gpus]
+a ansible_host=10.0.0.1
+b ansible_host=10.0.0.2 ansible_user=deploy ansible_port=2222
+c
+
+[gpus:vars]
+ansible_user=root
+
+[other]
+d
+"""
+
+YAML = """\
+all:
+  children:
+    gpus:
+      vars: {ansible_user: root}
+      hosts:
+        a: {ansible_host: 10.0.0.1}
+        b: {ansible_host: 10.0.0.2, ansible_user: deploy, ansible_port: 2222}
+        c:
+"""
+
+EXPECTED = [
+    FleetHost("a", "10.0.0.1", "root", None),
+    FleetHost("b", "10.0.0.2", "deploy", 2222),
+    FleetHost("c", "c", "root", None),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), [("hosts.ini", INI), ("hosts.yml", YAML)])
+def test_group_hosts_with_their_vars(tmp_path: Path, name: str, text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    hosts = load_group(path, "gpus")
+    assert hosts == EXPECTED
+    assert [h.url for h in hosts] == [
+        "ssh://root@10.0.0.1",
+        "ssh://deploy@10.0.0.2:2222",
+        "ssh://root@c",
+    ]
+
+
+def test_group_vars_folder_counts(tmp_path: Path) -> None:
+    (tmp_path / "hosts.ini").write_text("[gpus]\na ansible_host=10.0.0.1\n")
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "gpus.yml").write_text("ansible_port: 2200\nansible_user: ops\n")
+    assert load_group(tmp_path / "hosts.ini", "gpus") == [FleetHost("a", "10.0.0.1", "ops", 2200)]
+
+
+def test_bad_inventories_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("gpus:\n  hosts:\n    a: {ansible_host: 10.0.0.1\n")
+    with pytest.raises(ProjectError, match=r"^inventory .*bad.yml cannot be parsed: .+") as e:
+        load_group(bad, "gpus")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ProjectError, match="no inventory file at"):
+        load_group(tmp_path / "missing.ini", "gpus")
+    good = tmp_path / "hosts.ini"
+    good.write_text(INI)
+    with pytest.raises(
+        UsageError, match=r"no group 'gpu' in inventory .*\(its groups: gpus, other\)"
+    ):
+        load_group(good, "gpu")
+
+
+def test_endpoint_follows_the_host() -> None:
+    assert host_endpoint("http://127.0.0.1:8080", "10.0.0.2") == "http://10.0.0.2:8080"
+    assert host_endpoint("http://localhost/v1", "fd00::2") == "http://[fd00::2]/v1"
+
+
+def test_fleet_status_bad_input_exit_codes(tmp_path: Path) -> None:
+    project = write_project_file(tmp_path / "flagtrial.toml", target="ssh://root@10.0.0.1",
+                                 unit="llama.service")  # fmt: skip
+    r = cli(project, "fleet", "status", "gpus")
+    assert (r.returncode, r.stderr.strip()) == (
+        2,
+        "error: fleet.inventory is not set in the project file: name the inventory",
+    )
+    (tmp_path / "hosts.ini").write_text(INI)
+    write_project_file(project, target="ssh://root@10.0.0.1", unit="llama.service",
+                       fleet={"inventory": "hosts.ini"})  # fmt: skip
+    r = cli(project, "fleet", "status", "nosuch")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: no group 'nosuch' in inventory {tmp_path / 'hosts.ini'} (its groups: gpus, other)"
+    ]
+    (tmp_path / "hosts.ini").write_text("[gpus\na\n")
+    r = cli(project, "fleet", "status", "gpus")
+    assert r.returncode == 2
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: inventory {tmp_path / 'hosts.ini'} cannot be parsed: ")
+
+
+@pytest.mark.parametrize("wave", [0, "0%", "150%", "half"])
+def test_bad_waves_name_the_key(tmp_path: Path, wave: object) -> None:
+    path = tmp_path / "flagtrial.toml"
+    path.write_text(f'unit = "llama.service"\n[fleet]\nserial = [1, {json.dumps(wave)}]\n')
+    with pytest.raises(ProjectError, match=r"fleet\.serial: Value error, a wave is a host count"):
+        load_project(path)
