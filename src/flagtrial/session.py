@@ -53,6 +53,14 @@ class Restore(BaseModel):
     verified: bool
     mismatches: list[str]
 
+    def raise_unless_verified(self) -> None:
+        """RollbackError (exit 9) when the restored server does not report its known facts."""
+        if not self.verified:
+            raise RollbackError(
+                f"restored generation {self.generation} but its facts differ: "
+                + "; ".join(self.mismatches)
+            )
+
 
 def verify_facts(expected: Facts, actual: Facts, tolerance_pct: float = 0.0) -> list[str]:
     """Mismatches between two fact sets: capacity within the engine's tolerance, resolved

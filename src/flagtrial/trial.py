@@ -16,7 +16,6 @@ from pydantic import BaseModel
 
 from flagtrial.arms import Arms
 from flagtrial.blocks import Blocks, ServerDiedError
-from flagtrial.errors import RollbackError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.judge import Verdict
 from flagtrial.launch.change import Change
@@ -197,11 +196,7 @@ class Trial:
             reasons_json=_reasons_json(verdict),
             record_json={**_record(p, arms, verdict), "restore": restore.model_dump()},
         )
-        if not restore.verified:
-            raise RollbackError(
-                f"restored generation {p.good.id} but its facts differ: "
-                + "; ".join(restore.mismatches)
-            )
+        restore.raise_unless_verified()
         return restore
 
 

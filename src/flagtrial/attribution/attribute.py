@@ -18,7 +18,7 @@ from flagtrial.attribution.effects import FAILS_TO_START, describe, fact_effects
 from flagtrial.attribution.evidence import inert
 from flagtrial.attribution.outcome import Attribution, Cost, EditOutcome, Found, judge
 from flagtrial.attribution.search import FactSearch, Subset
-from flagtrial.errors import RollbackError, ServerNotReadyError, UsageError
+from flagtrial.errors import ServerNotReadyError, UsageError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.gates.model import Outcome
 from flagtrial.launch.change import Change, Edit, last_value
@@ -45,10 +45,11 @@ def settled_without_restart(
     take memory (the seed's fusion workspace cost capacity 48 -> 26), so its edit is searched
     like any other, its finding kept as evidence (`source_no_ops`)."""
     settled: Settled = {}
+    gates = _gates(trial)
     for i, edit in enumerate(edits):
         if edit.name.startswith("-") and (why := inert(edit, argv, schema)) is not None:
             settled[i] = ("useless", why)
-        elif failed and (g := _gates(trial).get(edit.name)) and g["outcome"] == Outcome.FAILS:
+        elif failed and (g := gates.get(edit.name)) and g["outcome"] == Outcome.FAILS:
             settled[i] = ("harmful", f"{Outcome.FAILS} by the engine's source: {g['reason']}")
     return settled
 
@@ -98,7 +99,7 @@ class Attribute:
         self.found = Found()
         self.used = Cost(restarts=0, load_s=0.0)
         self.journals: list[int] = []
-        self.probes: set[int] = set()  # the journals that are probe trials
+        self.probes: dict[int, Cost] = {}  # the journals that are probe trials, their cost
         self.stopped: str | None = None
         self.began = time.monotonic()
         self.restore_to = self.trial.baseline_gen  # the known-good that serves, once read
@@ -175,8 +176,7 @@ class Attribute:
         n = len(self.edits)
         if not measured:
             return Cost(restarts=n + 1, load_s=0.0)
-        probes = [ledger_cost(self.s, t) for t in self.journals if t in self.probes]
-        costs = probes or [ledger_cost(self.s, self.trial.id)]
+        costs = list(self.probes.values()) or [ledger_cost(self.s, self.trial.id)]
         restarts = sum(c.restarts for c in costs) / len(costs)
         load_s = sum(c.load_s for c in costs) / len(costs)
         return Cost(restarts=round(n * restarts), load_s=round(n * load_s, 1))
@@ -280,11 +280,7 @@ class Attribute:
         restore = await asyncio.shield(s.restore(good))
         self.used.restarts += 1
         journal.step(TrialState.REVERTED, restore_detail(restore), finished_at=time.time())
-        if not restore.verified:
-            raise RollbackError(
-                f"restored generation {good.id} but its facts differ: "
-                + "; ".join(restore.mismatches)
-            )
+        restore.raise_unless_verified()
 
     # measured effects last: probe trials of subsets
 
@@ -309,8 +305,7 @@ class Attribute:
         while (subset := search.next()) is not None and self._bound():
             outcome = await Trial(probing, self._subset(subset), probe_of=self.trial.id).run()
             self.journals.append(outcome.trial_id)
-            self.probes.add(outcome.trial_id)
-            cost = ledger_cost(self.s, outcome.trial_id)
+            cost = self.probes[outcome.trial_id] = ledger_cost(self.s, outcome.trial_id)
             self.used = Cost(
                 restarts=self.used.restarts + cost.restarts,
                 load_s=round(self.used.load_s + cost.load_s, 1),

@@ -339,6 +339,18 @@ class Analysis:
             and self.index.table.declared.get(n) == 1
         }
 
+    def platform_evaluator(self) -> Evaluator:
+        """An Evaluator of the command without the edit, every setting it leaves out at its
+        declared default: what the platform's own pick is computed with."""
+        return Evaluator(
+            self.index,
+            self.reader,
+            self.host,
+            self.old,
+            model=self.model,
+            defaults=self.defaults(self.old, all_fields=True),
+        )
+
     def where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
 

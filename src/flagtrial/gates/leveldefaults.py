@@ -48,15 +48,7 @@ def level_default(a: Analysis, walker: Walker) -> GateFinding | None:
         return None
     new = a.new[a.dest].value
     for applied in _applications(a):
-        ev = Evaluator(
-            a.index,
-            a.reader,
-            a.host,
-            a.old,
-            model=a.model,
-            defaults=a.defaults(a.old, all_fields=True),
-        )
-        value = _entry(a, ev, applied)
+        value = _entry(a, a.platform_evaluator(), applied)
         if value is None or not value.known or not equal(value.value, new):
             continue
         if not all(_before_is_harmless(a, applied, r) for r in _startup_reads(a, walker)):
@@ -158,9 +150,7 @@ def _no_return(a: Analysis, fi: int, cls: str, stmts: list[ast.stmt]) -> bool:
     """None of `stmts` may return: a return inside a nested `def` is that function's, one
     under an `if` whose test is false with the settings left out at their defaults is not
     taken (`if self.model_config.is_submodel_config: return`)."""
-    ev = Evaluator(
-        a.index, a.reader, a.host, a.old, model=a.model, defaults=a.defaults(a.old, all_fields=True)
-    )
+    ev = a.platform_evaluator()
     scope = Scope(fi, owner=Instance(ClassRef(fi, cls)), cls=ClassRef(fi, cls))
     for stmt in stmts:
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):

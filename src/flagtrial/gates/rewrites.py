@@ -137,14 +137,7 @@ def platform_choice(a: Analysis, walker: Walker) -> tuple[ReadSite, Val] | None:
     new, old = a.new[name].value, a.old[name].value
     if new is UNSET or equal(new, old):
         return None
-    ev = Evaluator(
-        a.index,
-        a.reader,
-        a.host,
-        a.old,
-        model=a.model,
-        defaults=a.defaults(a.old, all_fields=True),
-    )
+    ev = a.platform_evaluator()
     for site in walker.reads:
         stmt = site.stmt
         if (
