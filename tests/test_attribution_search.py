@@ -32,15 +32,15 @@ def test_one_culprit_among_eight_in_five_restarts() -> None:
 
 def test_of_three_edits_the_last_costs_three_restarts_the_first_two() -> None:
     last = drive(3, lambda s: {"capacity"} if 2 in s else set())
-    assert (last.found["capacity"].alone, last.restarts()) == ({2}, 3)
+    assert (last.found["capacity"].alone, len(last.seen)) == ({2}, 3)
     first = drive(3, lambda s: {"capacity"} if 0 in s else set())
-    assert (first.found["capacity"].alone, first.restarts()) == ({0}, 2)
+    assert (first.found["capacity"].alone, len(first.seen)) == ({0}, 2)
 
 
 def test_a_lone_candidate_costs_no_restart() -> None:
     # The other edit sets a flag to the engine's default: it cannot touch a fact.
     search = drive(2, lambda s: {"capacity"} if 1 in s else set(), candidates=frozenset({1}))
-    assert (search.found["capacity"].alone, search.restarts()) == ({1}, 0)
+    assert (search.found["capacity"].alone, len(search.seen)) == ({1}, 0)
 
 
 def test_two_effects_from_two_edits_share_the_reads() -> None:
@@ -56,7 +56,7 @@ def test_two_effects_from_two_edits_share_the_reads() -> None:
 
 def test_with_as_many_effects_as_edits_no_edit_alone_is_an_interaction() -> None:
     search = drive(3, lambda s: {"a", "b"} if {0, 2} <= s else set())
-    assert search.restarts() == 3
+    assert len(search.seen) == 3
     assert search.found["a"].together == [frozenset({0, 1, 2})]
     assert search.found["b"].alone == set()
 
@@ -74,4 +74,4 @@ def test_two_culprits_of_one_effect_are_both_found() -> None:
 
 def test_nothing_to_search_without_effects() -> None:
     search = drive(3, lambda s: set())
-    assert (search.found, search.restarts()) == ({}, 0)
+    assert (search.found, len(search.seen)) == ({}, 0)

@@ -79,9 +79,6 @@ class FactSearch:
     def observe(self, subset: Subset, shown: set[str]) -> None:
         self.seen[subset] = set(shown)
 
-    def restarts(self) -> int:
-        return len(self.seen)
-
     def unsettled(self) -> dict[str, set[int]]:
         """Per effect, the edits of groups not split yet (a search stopped by its bound)."""
         return {e: set().union(*(g.edits for g in gs)) for e, gs in self._open.items() if gs}
