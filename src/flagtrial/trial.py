@@ -44,14 +44,10 @@ class Trial:
     restart into it; the trial's parts plan it (Plan), switch arms (Arms: install, restart,
     facts), measure a block (Blocks: runs with foreign-load samples) and finish it."""
 
-    def __init__(
-        self, session: Session, change: Change, *, force: bool = False, probe_of: int | None = None
-    ) -> None:
+    def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
         self.s = session
         self.change = change
         self.force = force
-        # a probe of an attribution of trial `probe_of`: judged, never kept
-        self.probe_of = probe_of
         # True once the server is on a judged spec (kept candidate or verified restore):
         # from then on an interruption must not revert anything.
         self._settled = False
@@ -59,8 +55,6 @@ class Trial:
     async def run(self) -> TrialOutcome:
         s = self.s
         p = await plan(s, self.change)
-        if self.probe_of is not None:
-            p.journal.context["probe_of"] = self.probe_of
         arms = Arms(s, p, force=self.force)
         seq = Sequential(
             s.project.policy, s.project.workload.concurrency, restart_s=p.facts_before.ready_s
@@ -142,9 +136,8 @@ class Trial:
             reasons_json=_reasons_json(verdict),
             record_json=_record(p, arms, verdict),
         )
-        keep = self.probe_of is None and (
-            verdict.decision == "KEEP"
-            or (verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep")
+        keep = verdict.decision == "KEEP" or (
+            verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
         if keep and arms.facts_after is not None and arms.installed == "baseline":
             mismatches = await arms.keep_candidate(arms.facts_after)
