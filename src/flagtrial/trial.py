@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from flagtrial import noise
 from flagtrial.arms import Arms
 from flagtrial.blocks import Blocks, ServerDiedError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
@@ -56,6 +57,8 @@ class Trial:
         s = self.s
         p = await plan(s, self.change)
         arms = Arms(s, p, force=self.force)
+        arms.notes.append(resolves := self._resolves())
+        s.notify("resolves", resolves.message)
         seq = Sequential(
             s.project.policy, s.project.workload.concurrency, restart_s=p.facts_before.ready_s
         )
@@ -100,8 +103,19 @@ class Trial:
                     "runs_per_block": d.runs_per_block,
                     "why": d.why,
                 }
+        if (measured := noise.measured(seq, self.s.project)) is not None:
+            p.journal.context["noise"] = measured.model_dump()  # for the next trial's plan
         diff = arms.diff or diff_facts(p.facts_before, p.facts_before, set())
         return await self._finish(p, arms, step.verdict(self.s.project.policy, diff))
+
+    def _resolves(self) -> Reason:
+        """What this trial's bound can resolve, at the noise the last trial of this workload
+        on this target measured."""
+        s = self.s
+        if (prior := noise.last_measured(s.ledger, s.target.name, s.project)) is None:
+            return Reason(code=Code.RESOLVES_UNKNOWN)
+        trial_id, measured = prior
+        return noise.resolvable(s.project.policy, measured, trial_id)
 
     async def _interrupted(self, p: Plan, arms: Arms, e: BaseException) -> None:
         """Stopped by `e` before the end: aborted when nothing of the candidate was installed,
