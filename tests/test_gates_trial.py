@@ -208,3 +208,44 @@ def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(
     )
     assert moe_found[0] in ("useless", "unresolved")
     assert fixed == Change(edits=[moe])
+
+
+@pytest.mark.parametrize(
+    ("release", "here"), [(SGLANG, "FAILS AT STARTUP"), (SGLANG_OLD, "NO-OP ON THIS HARDWARE")]
+)
+def test_a_fleet_host_gets_the_gate_analysis_of_its_own_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: tuple[str, str], here: str
+) -> None:
+    """A fleet's canary on SM90 and a host that declares SM120 (as a fleet host's
+    flagtrial_gpu var does), each analysed as preflight analyses it, on the real wheel's
+    source: the seed's flag acts on the canary; on the other host 0.5.23 fails at startup (it
+    is refused there: the promotion skips it) and 0.5.10 makes it a no-op (named, promoted)."""
+    from flagtrial.fleet.promote import gate_differences, host_gates
+    from flagtrial.preflight import GateReport
+
+    for name in ("sm90", "sm120"):
+        (tmp_path / name).mkdir()
+    on_sm90 = project_for(tmp_path / "sm90", monkeypatch, release)
+    canary = session_for(update_project_file(on_sm90, gpu={"compute_cap": "9.0"}))
+    host = session_for(project_for(tmp_path / "sm120", monkeypatch, release))
+
+    async def both() -> tuple[GateReport, GateReport]:
+        version = release[1]
+        return await host_gates(canary, version, FUSION), await host_gates(host, version, FUSION)
+
+    theirs, mine = asyncio.run(both())
+    assert [(f.flag, f.outcome.value) for f in theirs.findings] == [
+        ("--enable-flashinfer-allreduce-fusion", "ACTIVE")
+    ]
+    assert theirs.refusal() is None
+    [line] = gate_differences(theirs, mine)
+    assert line.startswith(f"--enable-flashinfer-allreduce-fusion: {here} here (")
+    assert line.endswith("), ACTIVE on the canary")
+    refusal = mine.refusal()
+    if here == "FAILS AT STARTUP":
+        assert refusal is not None
+        assert refusal.startswith("--enable-flashinfer-allreduce-fusion fails at startup on this")
+        assert "flashinfer_comm_fusion.py:49" in line
+    else:
+        assert refusal is None
+    assert gate_differences(theirs, theirs) == []

@@ -213,13 +213,15 @@ async def name_differences(fleet: Fleet, change: Change, read: dict[str, HostRea
     reference = reports[first]
     for name, lines in found.named.items():
         session, report = fleet.sessions[name], reports[name]
+        refusal: str | None
         session.notify("host differs", "; ".join(lines))
-        refusal = str(report) if isinstance(report, FlagtrialError) else report.refusal()
         if isinstance(report, FlagtrialError):
-            found.findings[name] = [f"the change cannot apply: {report}"]
-        elif isinstance(reference, FlagtrialError):
+            refusal, found.findings[name] = str(report), [f"the change cannot apply: {report}"]
+        elif isinstance(reference, FlagtrialError):  # the canary's own trial will say why
+            refusal = report.refusal()
             found.findings[name] = [f"{f.flag}: {f.outcome.value} here" for f in report.findings]
         else:
+            refusal = report.refusal()
             found.findings[name] = gate_differences(reference, report) or [
                 "the same gate findings as the canary's"
                 if fleet.project.engine in GATED
