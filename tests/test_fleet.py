@@ -148,15 +148,15 @@ def fleet_project(root: Path) -> Path:
 
 
 def test_canaries_named_or_counted(tmp_path: Path) -> None:
-    """--canary names hosts of the group, --canaries counts them (leaving a host to promote
-    to), fleet.canary and fleet.canary_count are the project's own, one of them: each bad use
+    """--canary names hosts of the group, --canaries counts them (no more than it has),
+    fleet.canary and fleet.canary_count are the project's own, one of them: each bad use
     is one line, exit 2, before any host is reached."""
     project = fleet_project(tmp_path)
     trial = ("trial", "--set", "-b=512", "--fleet", "gpus")
     for extra, error in [
         (("--canary", "a", "--canary", "x"), "canary: 'x' is not a host of group 'gpus'"),
         (("--canary", "a", "--canary", "a"), "canary: name distinct hosts of group 'gpus'"),
-        (("--canaries", "3"), "3 canaries leave no host of group 'gpus' to promote to (it has 3)"),
+        (("--canaries", "4"), "4 canaries: group 'gpus' has 3 hosts"),
         (("--canaries", "2", "--canary", "a"), "--canary or --canaries: with --fleet, one of them"),
     ]:
         r = cli(project, *trial, *extra)

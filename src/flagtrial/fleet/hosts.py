@@ -116,11 +116,8 @@ class Fleet:
         if chosen is None:
             chosen = policy.canary_count
         if isinstance(chosen, int):
-            if chosen >= len(names):
-                raise UsageError(
-                    f"{chosen} canaries leave no host of group {self.group!r} to promote to "
-                    f"(it has {len(names)})"
-                )
+            if chosen > len(names):
+                raise UsageError(f"{chosen} canaries: group {self.group!r} has {len(names)} hosts")
             return names[:chosen]
         chosen = [chosen] if isinstance(chosen, str) else chosen
         unknown = [c for c in chosen if c not in names]
