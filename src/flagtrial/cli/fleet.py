@@ -169,7 +169,9 @@ def fleet_trial(
             show_promotion(promotion)
         elif done.stopped_by is not None:
             back = f"; {', '.join(done.rolled_back)} rolled back" if done.rolled_back else ""
-            ui.console.print(f"not promoted: canary {done.stopped_by} did not keep it{back}")
+            ui.console.print(
+                f"not promoted: canary {done.stopped_by} did not keep it{back}", markup=False
+            )
     if promotion is None:  # the last canary's trial stopped it: its verdict's code
         return EXIT_VERDICT[list(done.canaries.values())[-1].verdict.decision]
     if promotion.budget_exceeded:
