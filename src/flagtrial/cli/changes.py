@@ -70,11 +70,16 @@ def trial(
     ] = None,
     canary: Annotated[
         list[str] | None,
-        typer.Option(help="--fleet: a canary host (repeat for several; replaces fleet.canary)"),
+        typer.Option(
+            metavar="HOST",
+            help="--fleet: a canary host (repeat for several; replaces fleet.canary)",
+        ),
     ] = None,
     canaries: Annotated[
         int | None,
-        typer.Option(min=1, help="--fleet: the group's first N hosts are the canaries"),
+        typer.Option(
+            min=1, metavar="N", help="--fleet: the group's first N hosts are the canaries"
+        ),
     ] = None,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
