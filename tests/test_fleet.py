@@ -11,7 +11,9 @@ import pytest
 from flagtrial.errors import ProjectError, UsageError
 from flagtrial.fleet.hosts import host_endpoint
 from flagtrial.fleet.inventory import FleetHost, load_group
-from flagtrial.settings import load_project
+from flagtrial.fleet.promote import Promotion
+from flagtrial.settings import DeclaredGpu, load_project
+from flagtrial.states import TrialState
 from harness.cli import cli
 from harness.project import write_project_file
 
@@ -116,3 +118,87 @@ def test_bad_waves_name_the_key(tmp_path: Path, wave: object) -> None:
     path.write_text(f'unit = "llama.service"\n[fleet]\nserial = [1, {json.dumps(wave)}]\n')
     with pytest.raises(ProjectError, match=r"fleet\.serial: Value error, a wave is a host count"):
         load_project(path)
+
+
+def test_host_declares_its_gpu(tmp_path: Path) -> None:
+    """A host's flagtrial_gpu var declares its GPU for the gate analysis (as [gpu] does for
+    the project); a bad one is a one-line project error naming the host and the key."""
+    (tmp_path / "hosts.ini").write_text(INI)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "b.yml").write_text(
+        'flagtrial_gpu: {compute_cap: "12.0", count: 4}\n'
+    )
+    hosts = load_group(tmp_path / "hosts.ini", "gpus")
+    assert [h.gpu for h in hosts] == [None, DeclaredGpu(compute_cap="12.0", count=4), None]
+    assert hosts == EXPECTED  # the declared GPU is not part of how a host is reached
+    (tmp_path / "host_vars" / "b.yml").write_text("flagtrial_gpu: {compute_cap: 12.0, count: 0}\n")
+    with pytest.raises(ProjectError) as e:
+        load_group(tmp_path / "hosts.ini", "gpus")
+    assert str(e.value) == (
+        f"inventory {tmp_path / 'hosts.ini'}: b: flagtrial_gpu.compute_cap: Input should be a "
+        "valid string"
+    )
+
+
+def fleet_project(root: Path) -> Path:
+    """A project whose fleet is INI's group gpus (hosts a, b, c; never reached here)."""
+    (root / "hosts.ini").write_text(INI)
+    return write_project_file(root / "flagtrial.toml", target="ssh://root@10.0.0.1",
+                              unit="llama.service", fleet={"inventory": "hosts.ini"})  # fmt: skip
+
+
+def test_canaries_named_or_counted(tmp_path: Path) -> None:
+    """--canary names hosts of the group, --canaries counts them (no more than it has),
+    fleet.canary and fleet.canary_count are the project's own, one of them: each bad use
+    is one line, exit 2, before any host is reached."""
+    project = fleet_project(tmp_path)
+    trial = ("trial", "--set", "-b=512", "--fleet", "gpus")
+    for extra, error in [
+        (("--canary", "a", "--canary", "x"), "canary: 'x' is not a host of group 'gpus'"),
+        (("--canary", "a", "--canary", "a"), "canary: name distinct hosts of group 'gpus'"),
+        (("--canaries", "4"), "4 canaries: group 'gpus' has 3 hosts"),
+        (("--canaries", "2", "--canary", "a"), "--canary or --canaries: with --fleet, one of them"),
+    ]:
+        r = cli(project, *trial, *extra)
+        assert (r.returncode, r.stderr.strip()) == (2, f"error: {error}"), extra
+    r = cli(project, "trial", "--set", "-b=512", "--canary", "a")
+    assert (r.returncode, r.stderr.strip()) == (
+        2,
+        "error: --canary or --canaries: with --fleet, one of them",
+    )
+    path = tmp_path / "bad.toml"
+    path.write_text('unit = "llama.service"\n[fleet]\ncanary = ["a"]\ncanary_count = 2\n')
+    with pytest.raises(ProjectError, match=r"name the canaries \(canary\) or count them"):
+        load_project(path)
+
+
+def test_skipped_hosts_are_in_no_wave(tmp_path: Path) -> None:
+    """Every other host skipped (the change fails at startup on its GPU): no play runs, no
+    host is reached, each is named with why, nothing counts against the budget, and the
+    canaries stay as they are."""
+    import asyncio
+
+    from flagtrial.fleet.hosts import Fleet
+    from flagtrial.fleet.promote import promote
+
+    fleet = Fleet.open(fleet_project(tmp_path), "gpus", lambda kind, detail: None, canaries=["a"])
+    ledger = fleet.ledger
+    target = fleet.sessions["a"].target.name
+    good = ledger.record_generation(target, "[Service]\nExecStart=/bin/true\n", note="installed")
+    candidate = ledger.record_generation(target, "[Service]\nExecStart=/bin/false\n", note="c")
+    trial = ledger.start_trial(target, {"edits": []}, good.id)
+    ledger.step(trial, TrialState.PREFLIGHTED, "test", candidate_gen=candidate.id)
+    why = "--flag fails at startup on this GPU per sglang 0.5.23's source: ..."
+
+    async def run() -> Promotion:
+        try:
+            return await promote(fleet, {"a": trial}, {"b": why, "c": why})
+        finally:
+            await fleet.aclose()
+
+    done = asyncio.run(run())
+    assert [(h.name, h.outcome, h.detail) for h in done.hosts] == [
+        ("b", "skipped", why),
+        ("c", "skipped", why),
+    ]
+    assert (done.waves, done.budget_exceeded, done.canary_rolled_back) == ([], False, False)

@@ -234,6 +234,78 @@ def test_failure_beyond_budget_rolls_the_fleet_back(
     assert sorted(t["state"] for t in history) == ["kept", "reverted", "reverted"]
 
 
+def test_two_canaries_then_a_host_whose_gpu_differs(
+    hosts: list[SystemdHost], project: Path
+) -> None:
+    """canary_count = 2: the trial runs on ft-41, then on ft-42, both KEEP; ft-43 declares
+    another GPU (its flagtrial_gpu host var), so it is named before its wave with what its
+    gate analysis says (llama.cpp has no source gates: its server's flags only), then
+    promoted and verified against the first canary."""
+    update_project_file(project, fleet={"canary_count": 2})
+    (project.parent / "host_vars").mkdir()
+    (project.parent / "host_vars" / "ft-43.yml").write_text(
+        'flagtrial_gpu: {compute_cap: "12.0", cuda: "12.8"}\n'
+    )
+    r = cli(project, "trial", *CHANGE, "--fleet", "gpus", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout[r.stdout.index("{\n") :])
+    assert {n: o["verdict"]["decision"] for n, o in out["canaries"].items()} == {
+        "ft-41": "KEEP",
+        "ft-42": "KEEP",
+    }
+    assert out["differences"] == {
+        "ft-43": {
+            "differs": ["GPUs ['1 x SM 12.0 (declared, CUDA 12.8)'] vs the canary's not known"],
+            "gates": [
+                "no source gate analysis for llamacpp: the change's flags checked against "
+                "this host's server"
+            ],
+        }
+    }
+    named = r.stderr.index("ft-43: GPUs ['1 x SM 12.0 (declared, CUDA 12.8)']")
+    assert named < r.stderr.index("ft-41: candidate is generation")  # before any change
+    promotion = out["promotion"]
+    assert promotion["canaries"] == ["ft-41", "ft-42"]
+    assert [w["hosts"] for w in promotion["waves"]] == [["ft-43"]]
+    assert outcomes(promotion) == {"ft-43": "promoted"}
+    for h in hosts:
+        assert h.read(UNIT_PATH) == CANDIDATE.encode(), h.name
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [(r["canary"], r["spec"]) for r in rows.values()] == [
+        (True, "known-good"),
+        (True, "known-good"),
+        (False, "known-good"),
+    ]
+
+
+def test_a_canary_that_refuses_stops_the_promotion(hosts: list[SystemdHost], project: Path) -> None:
+    """--canary ft-41 --canary ft-42: ft-41 keeps the change, ft-42 cannot start it (its
+    trial ends REVERT), so ft-41 goes back to its known-good too, verified; nothing is
+    promoted, ft-43 is never touched, and the exit code is the REVERT's (10)."""
+    refuse_candidate(hosts[1])
+    r = cli(project, "trial", *CHANGE, "--fleet", "gpus", "--canary", "ft-41", "--canary",
+            "ft-42", "--json")  # fmt: skip
+    assert r.returncode == 10, r.stdout + r.stderr
+    out = json.loads(r.stdout[r.stdout.index("{\n") :])
+    assert {n: (o["verdict"]["decision"], o["outcome"]) for n, o in out["canaries"].items()} == {
+        "ft-41": ("KEEP", "kept"),
+        "ft-42": ("REVERT", "reverted"),
+    }
+    assert out["canaries_rolled_back"] == ["ft-41"]
+    assert out["promotion"] is None
+    for h in hosts:
+        assert h.read(UNIT_PATH) == KNOWN_GOOD.encode(), h.name
+        assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    left = hosts[2].sh(f"test -e {UNIT_PATH}.flagtrial-prev && echo kept || echo untouched")
+    assert left.stdout.strip() == "untouched"
+    code, rows, _ = status(project)
+    assert code == 0
+    assert [r["spec"] for r in rows.values()] == ["known-good"] * 3
+    history = json.loads(cli(project, "history", "--json").stdout)["trials"]
+    assert sorted(t["state"] for t in history) == ["kept", "reverted"]
+
+
 CUT_SSH = """\
 main=$(systemctl show -p MainPID --value ssh.service)
 sessions=$(cat /proc/"$main"/task/"$main"/children)

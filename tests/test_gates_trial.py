@@ -14,6 +14,8 @@ import flagtrial
 from flagtrial.demo import free_port
 from flagtrial.engines.resolve import SHOWN_MISMATCHES
 from flagtrial.errors import GateError
+from flagtrial.facts import Facts
+from flagtrial.fleet.promote import Differences
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code
@@ -21,7 +23,7 @@ from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial, TrialOutcome
 from harness.cli import cli
 from harness.project import update_project_file
-from harness.session import session_for
+from harness.session import recorder, session_for
 from harness.sglang_fixtures import sglang_bin, sglang_model  # noqa: F401
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site
@@ -208,3 +210,64 @@ def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(
     )
     assert moe_found[0] in ("useless", "unresolved")
     assert fixed == Change(edits=[moe])
+
+
+@pytest.mark.parametrize(
+    ("release", "here"), [(SGLANG, "FAILS AT STARTUP"), (SGLANG_OLD, "NO-OP ON THIS HARDWARE")]
+)
+def test_a_fleet_host_gets_the_gate_analysis_of_its_own_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: tuple[str, str], here: str
+) -> None:
+    """A fleet's canary on SM90 and a host on SM120 (GPUs declared, as a fleet host's
+    flagtrial_gpu var declares them), each analysed as preflight analyses it, on the real
+    wheel's source: the seed's flag acts on the canary; the other host is named with its own
+    finding, and with 0.5.23, where the flag fails at startup there, skipped (0.5.10: a
+    NO-OP there, named only). Each host's session is the stand-in's own (process target)
+    in place of its SSH one: what differs is the GPU, not how the host is reached."""
+    from flagtrial.fleet.hosts import Fleet
+    from flagtrial.fleet.promote import HostRead, name_differences
+    from flagtrial.targets.base import HostFacts
+
+    for name in ("sm90", "sm120"):
+        (tmp_path / name).mkdir()
+    on_sm90 = project_for(tmp_path / "sm90", monkeypatch, release)
+    update_project_file(on_sm90, gpu={"compute_cap": "9.0"})
+    (tmp_path / "sm90" / "hosts.ini").write_text("[gpus]\nsm90\nsm120\n")
+    events: list[tuple[str, str]] = []
+    fleet = Fleet.open(
+        update_project_file(on_sm90, fleet={"inventory": "hosts.ini"}), "gpus", lambda k, d: None
+    )
+    fleet.sessions = {
+        "sm90": session_for(on_sm90),
+        "sm120": session_for(
+            project_for(tmp_path / "sm120", monkeypatch, release), recorder(events)
+        ),
+    }
+    facts = Facts(engine="sglang", version=release[1])
+    read = {
+        name: HostRead(facts, HostFacts(hostname=name, kernel="", cpus=1))
+        for name in fleet.sessions
+    }
+
+    async def differences() -> Differences:
+        try:
+            return await name_differences(fleet, FUSION, read)
+        finally:
+            await fleet.aclose()
+
+    found = asyncio.run(differences())
+    assert found.named == {
+        "sm120": ["GPUs ['4 x SM 12.0 (declared, CUDA 12.8)'] vs the canary's "
+                  "['4 x SM 9.0 (declared, CUDA 12.8)']"]
+    }  # fmt: skip
+    [line] = found.findings["sm120"]
+    assert line.startswith(f"--enable-flashinfer-allreduce-fusion: {here} here (")
+    assert line.endswith("), ACTIVE on the canary")
+    assert [kind for kind, _ in events][:2] == ["host differs", "gates"]
+    if here == "FAILS AT STARTUP":
+        assert "flashinfer_comm_fusion.py:49" in line
+        refusal = found.skipped["sm120"]
+        assert refusal.startswith("--enable-flashinfer-allreduce-fusion fails at startup on this")
+        assert events[-1] == ("skipped", f"left on its known-good: {refusal}")
+    else:
+        assert found.skipped == {}

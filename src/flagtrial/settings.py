@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flagtrial.errors import ProjectError
 from flagtrial.load.prompts import read_traffic
@@ -171,10 +171,14 @@ class Fleet(BaseModel):
         "is reached at its ansible_host / ansible_user / ansible_port with the [ssh] settings",
         examples=["inventory.yml"],
     )
-    canary: str | None = Field(
+    canary: str | list[str] | None = Field(
         None,
-        description="the host the trial runs on (default: the group's first host)",
-        examples=["gpu-01"],
+        description="the host the trial runs on, or several (each its own trial, in this "
+        "order; the change is promoted only when every one keeps it)",
+        examples=["gpu-01", ["gpu-01", "gpu-07"]],
+    )
+    canary_count: int = Field(
+        1, ge=1, description="canaries when none is named: the group's first N hosts"
     )
     serial: list[int | str] = Field(
         default_factory=lambda: list[int | str]([1, "50%", "100%"]),
@@ -190,6 +194,12 @@ class Fleet(BaseModel):
     )
     pause_s: float = Field(0.0, ge=0, description="seconds to wait between waves")
     forks: int = Field(5, ge=1, description="hosts Ansible works on at once within a wave")
+
+    @model_validator(mode="after")
+    def _canaries(self) -> Fleet:
+        if self.canary is not None and self.canary_count != 1:
+            raise ValueError("name the canaries (canary) or count them (canary_count), not both")
+        return self
 
     @field_validator("serial")
     @classmethod

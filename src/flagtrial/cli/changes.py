@@ -68,6 +68,19 @@ def trial(
         str | None,
         typer.Option(help="an inventory group: trial on its canary, then promote in waves"),
     ] = None,
+    canary: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="HOST",
+            help="--fleet: a canary host (repeat for several; replaces fleet.canary)",
+        ),
+    ] = None,
+    canaries: Annotated[
+        int | None,
+        typer.Option(
+            min=1, metavar="N", help="--fleet: the group's first N hosts are the canaries"
+        ),
+    ] = None,
 ) -> None:
     """Try a change: measure the known-good, deploy the candidate, read its facts, measure,
     decide KEEP / REVERT / INCONCLUSIVE, roll back unless kept."""
@@ -78,12 +91,14 @@ def trial(
         raise UsageError(
             "--from-attribution takes its change from the attribution: no edits, no --fleet"
         )
+    if (canary or canaries) and (fleet is None or (canary and canaries)):
+        raise UsageError("--canary or --canaries: with --fleet, one of them")
     change = make_change(*edits) if from_attribution is None else None
     if fleet is not None and change is not None:
         from flagtrial.cli.fleet import fleet_trial
 
         opts = {"json_out": json_out, "accept_new": accept_new, "force": force}
-        raise typer.Exit(fleet_trial(fleet, change, project, **opts))
+        raise typer.Exit(fleet_trial(fleet, change, project, canaries=canary or canaries, **opts))
 
     async def body() -> int:
         from flagtrial.attribution import attribute as attribution

@@ -27,9 +27,8 @@ from flagtrial.errors import FlagtrialError, TargetError
 
 if TYPE_CHECKING:
     from flagtrial.fleet.hosts import Fleet, FleetStatus
-    from flagtrial.fleet.promote import Promotion
+    from flagtrial.fleet.promote import FleetTrial, Promotion
     from flagtrial.launch.change import Change
-    from flagtrial.trial import TrialOutcome
 
 fleet_app = typer.Typer(no_args_is_help=True, help="A group of hosts from an Ansible inventory.")
 app.add_typer(fleet_app, name="fleet")
@@ -39,7 +38,12 @@ GroupArg = Annotated[str, typer.Argument(help="the inventory group")]
 
 @contextlib.asynccontextmanager
 async def open_fleet(
-    project: Path, group: str, *, accept_new_host_key: bool = False, json_out: bool = False
+    project: Path,
+    group: str,
+    *,
+    accept_new_host_key: bool = False,
+    json_out: bool = False,
+    canaries: list[str] | int | None = None,
 ) -> AsyncIterator[Fleet]:
     from flagtrial.fleet.hosts import Fleet
 
@@ -50,6 +54,7 @@ async def open_fleet(
         ui.RestartProgress(ui.err_console if json_out else ui.console),
         secrets=ui.secrets,
         accept_new_host_key=accept_new_host_key,
+        canaries=canaries,
     )
     try:
         yield fleet
@@ -120,32 +125,55 @@ EXIT_FLEET_ROLLED_BACK = 13
 
 
 def fleet_trial(
-    group: str, change: Change, project: Path, *, json_out: bool, accept_new: bool, force: bool
+    group: str,
+    change: Change,
+    project: Path,
+    *,
+    json_out: bool,
+    accept_new: bool,
+    force: bool,
+    canaries: list[str] | int | None = None,
 ) -> int:
-    """`trial --fleet GROUP`: the canary's trial rendered as `trial` renders it, then the
+    """`trial --fleet GROUP`: each canary's trial rendered as `trial` renders it, then the
     promotion's hosts and waves."""
     from flagtrial.fleet.promote import fleet_trial as run_fleet_trial
 
-    async def body() -> tuple[TrialOutcome, Promotion | None]:
+    async def body() -> FleetTrial:
         async with open_fleet(
-            project, group, accept_new_host_key=accept_new, json_out=json_out
+            project, group, accept_new_host_key=accept_new, json_out=json_out, canaries=canaries
         ) as fleet:
             return await run_fleet_trial(fleet, change, force=force)
 
-    outcome, promotion = run(body)
+    done = run(body)
+    promotion = done.promotion
+    first = next(iter(done.canaries.values()))
     if json_out:
         emit_json(
             {
-                "canary": outcome.model_dump(),
+                "canary": first.model_dump(),
+                "canaries": {name: o.model_dump() for name, o in done.canaries.items()},
+                "canaries_rolled_back": done.rolled_back,
+                "differences": {
+                    name: {"differs": lines, "gates": done.differences.findings.get(name, [])}
+                    for name, lines in done.differences.named.items()
+                },
                 "promotion": promotion.model_dump() if promotion else None,
             }
         )
     else:
-        ui.show_outcome(outcome)
+        for name, outcome in done.canaries.items():
+            if len(done.canaries) > 1:
+                ui.console.print(f"canary {name}:", markup=False)
+            ui.show_outcome(outcome)
         if promotion is not None:
             show_promotion(promotion)
-    if promotion is None:
-        return EXIT_VERDICT[outcome.verdict.decision]
+        elif done.stopped_by is not None:
+            back = f"; {', '.join(done.rolled_back)} rolled back" if done.rolled_back else ""
+            ui.console.print(
+                f"not promoted: canary {done.stopped_by} did not keep it{back}", markup=False
+            )
+    if promotion is None:  # the last canary's trial stopped it: its verdict's code
+        return EXIT_VERDICT[list(done.canaries.values())[-1].verdict.decision]
     if promotion.budget_exceeded:
         return EXIT_FLEET_ROLLED_BACK
     return 0 if promotion.count("promoted") == len(promotion.hosts) else EXIT_HOSTS_ROLLED_BACK
@@ -155,7 +183,8 @@ def show_promotion(p: Promotion) -> None:
     table = Table(title=f"promotion of trial {p.trial_id} to {p.group}", title_justify="left")
     for column in ("host", "wave", "outcome", "detail"):
         table.add_column(column)
-    table.add_row(f"{p.canary} (canary)", "", "rolled back" if p.canary_rolled_back else "kept", "")
+    for name in p.canaries:
+        table.add_row(f"{name} (canary)", "", "rolled back" if p.canary_rolled_back else "kept", "")
     for h in p.hosts:
         style = {"promoted": "green", "rolled back": "yellow"}.get(h.outcome, "red")
         wave = str(h.wave) if h.wave else ""
@@ -165,7 +194,7 @@ def show_promotion(p: Promotion) -> None:
         ui.console.print(f"wave {i} ({', '.join(w.hosts)}): {w.seconds:.1f}s, {w.failed} failed")
     if p.budget_exceeded:
         ui.console.print(
-            "[red]past the failure budget[/red]: every promoted host and the canary rolled back"
+            "[red]past the failure budget[/red]: every promoted host and the canaries rolled back"
         )
 
 

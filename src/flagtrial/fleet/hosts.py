@@ -44,10 +44,10 @@ def host_endpoint(endpoint: str, address: str) -> str:
 
 
 def host_project(project: Project, host: FleetHost) -> Project:
-    """The project as it applies to one host: its ssh:// target, its endpoint."""
-    return project.model_copy(
-        update={"target": host.url, "endpoint": host_endpoint(project.endpoint, host.address)}
-    )
+    """The project as it applies to one host: its ssh:// target, its endpoint, its declared
+    GPU (the host's flagtrial_gpu var, else the project's [gpu])."""
+    update = {"target": host.url, "endpoint": host_endpoint(project.endpoint, host.address)}
+    return project.model_copy(update=update | ({"gpu": host.gpu} if host.gpu else {}))
 
 
 class Fleet:
@@ -63,16 +63,14 @@ class Fleet:
         *,
         secrets: Redactor | None = None,
         accept_new_host_key: bool = False,
+        canaries: list[str] | int | None = None,
     ) -> None:
         self.project = project
         self.project_file = project_file
         self.group = group
         self.inventory = inventory_path(project)
         self.hosts = load_group(self.inventory, group)
-        canary = project.fleet.canary or self.hosts[0].name
-        if canary not in {h.name for h in self.hosts}:
-            raise UsageError(f"fleet.canary {canary!r} is not a host of group {group!r}")
-        self.canary = canary
+        self.canaries = self._canaries(canaries)
         self.ledger = Ledger(project.ledger_path, secrets)
         self.sessions: dict[str, Session] = {}
         for host in self.hosts:
@@ -93,6 +91,7 @@ class Fleet:
         *,
         secrets: Redactor | None = None,
         accept_new_host_key: bool = False,
+        canaries: list[str] | int | None = None,
     ) -> Fleet:
         project = load_project(path)
         if secrets is not None:
@@ -105,7 +104,32 @@ class Fleet:
             progress,
             secrets=secrets,
             accept_new_host_key=accept_new_host_key,
+            canaries=canaries,
         )
+
+    def _canaries(self, given: list[str] | int | None) -> list[str]:
+        """The canaries, in the order their trials run: `given` (the command line's names
+        or count), else the project's fleet.canary or fleet.canary_count."""
+        names = [h.name for h in self.hosts]
+        policy = self.project.fleet
+        chosen = policy.canary if given is None else given
+        if chosen is None:
+            chosen = policy.canary_count
+        if isinstance(chosen, int):
+            if chosen > len(names):
+                raise UsageError(f"{chosen} canaries: group {self.group!r} has {len(names)} hosts")
+            return names[:chosen]
+        chosen = [chosen] if isinstance(chosen, str) else chosen
+        unknown = [c for c in chosen if c not in names]
+        if unknown or not chosen or len(set(chosen)) != len(chosen):
+            why = f"{unknown[0]!r} is not a host of" if unknown else "name distinct hosts of"
+            raise UsageError(f"canary: {why} group {self.group!r}")
+        return list(chosen)
+
+    @property
+    def canary(self) -> str:
+        """The first canary: the group's known-good, the facts later hosts are checked against."""
+        return self.canaries[0]
 
     @property
     def unit(self) -> str:
@@ -116,8 +140,8 @@ class Fleet:
 
     @property
     def others(self) -> list[FleetHost]:
-        """The hosts a promotion reaches: all but the canary, in inventory order."""
-        return [h for h in self.hosts if h.name != self.canary]
+        """The hosts a promotion reaches: all but the canaries, in inventory order."""
+        return [h for h in self.hosts if h.name not in self.canaries]
 
     def known_good(self) -> Generation | None:
         """The group's known-good: the canary's."""
@@ -175,7 +199,7 @@ async def status(fleet: Fleet) -> FleetStatus:
     async def one(host: FleetHost, session: Session) -> HostStatus:
         name = host.name
         row = HostStatus(
-            name=name, target=session.target.name, canary=name == fleet.canary, reachable=True
+            name=name, target=session.target.name, canary=name in fleet.canaries, reachable=True
         )
         spec = await session.target.read_spec()
         digest = spec_sha256(spec.text)
@@ -198,7 +222,7 @@ async def status(fleet: Fleet) -> FleetStatus:
             result = HostStatus(
                 name=host.name,
                 target=fleet.sessions[host.name].target.name,
-                canary=host.name == fleet.canary,
+                canary=host.name in fleet.canaries,
                 reachable=False,
                 error=str(result),
             )

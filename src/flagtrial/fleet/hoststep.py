@@ -6,7 +6,7 @@ otherwise one line on stderr and the error's exit code, which fails the task (an
 host) in Ansible.
 
     python -m flagtrial.fleet.hoststep --project P --group G --trial T --parent PID:TICKS \
-        ACTION HOST
+        [--canary C ...] ACTION HOST
 
 Each step first checks that the flagtrial that runs the promotion (PID, started at TICKS) is
 still there: when it is gone, the step stops the whole play (its session, led by
@@ -163,11 +163,14 @@ async def main(argv: list[str], secrets: Redactor) -> None:
     parser.add_argument("host")
     parser.add_argument("--wave", default="")
     parser.add_argument("--why", default="failed")
+    parser.add_argument("--canary", action="append", help="the promotion's canaries")
     args = parser.parse_args(argv)
     if _parent_gone(args.parent):
         stop_play(play_of_this_step())
         raise UsageError("the promoting flagtrial is gone: run `flagtrial fleet recover`")
-    fleet = Fleet.open(args.project, args.group, lambda kind, detail: None, secrets=secrets)
+    fleet = Fleet.open(
+        args.project, args.group, lambda kind, detail: None, secrets=secrets, canaries=args.canary
+    )
     try:
         if args.action == "begin":
             await begin(fleet, args.host, args.trial, args.wave)

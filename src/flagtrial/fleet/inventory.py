@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from flagtrial.errors import ProjectError, UsageError
+from flagtrial.settings import DeclaredGpu
+
+# The host var that declares a host's GPU for the gate analysis, as the project's [gpu] does
+# (a mapping: compute_cap, count, cuda); it replaces the project's [gpu] for that host.
+GPU_VAR = "flagtrial_gpu"
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,7 @@ class FleetHost:
     address: str  # ansible_host, else the name
     user: str | None  # ansible_user
     port: int | None  # ansible_port
+    gpu: DeclaredGpu | None = field(default=None, compare=False)  # its flagtrial_gpu var
 
     @property
     def url(self) -> str:
@@ -81,8 +89,20 @@ def load_group(path: Path, group: str) -> list[FleetHost]:
                 address=str(v.get("ansible_host") or host.name),
                 user=str(user) if user else None,
                 port=port_number,
+                gpu=_declared_gpu(path, host.name, v.get(GPU_VAR)),
             )
         )
     if not hosts:
         raise UsageError(f"group {group!r} in inventory {path} has no hosts")
     return hosts
+
+
+def _declared_gpu(path: Path, host: str, value: object) -> DeclaredGpu | None:
+    if value is None:
+        return None
+    try:
+        return DeclaredGpu.model_validate(value)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in (GPU_VAR, *first["loc"]))
+        raise ProjectError(f"inventory {path}: {host}: {where}: {first['msg']}") from None

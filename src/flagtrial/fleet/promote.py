@@ -1,12 +1,16 @@
-"""Promotion of a change kept on the canary to the rest of its group, in waves, by
+"""Promotion of a change kept on the canaries to the rest of their group, in waves, by
 ansible-core driven by ansible-runner (the play is promote.yml beside this file; its
 flagtrial steps are hoststep.py). `serial` and `max_fail_percentage` are the play's own.
 
-Before: every host's known-good read (and recorded) under its lock, hosts that differ from
-the canary named. After the play: a failure budget exceeded in any wave rolls every
-promoted host back, the canary too, each verified; otherwise each verified host keeps the
-new generation as its known-good. A host the play left unfinished (it became unreachable)
-is recovered when it answers, else left for `flagtrial fleet recover`."""
+Before: every host's known-good read (and recorded) under its lock; hosts whose GPUs,
+driver or engine version differ from the first canary's named, each with the source gate
+analysis run for its own hardware (a host where the change fails at startup is skipped).
+Then a trial on each canary in turn: one that does not keep the change stops everything
+and every canary that kept it goes back. After the play: a failure budget exceeded in any
+wave rolls every promoted host back, the canaries too, each verified; otherwise each
+verified host keeps the new generation as its known-good. A host the play left unfinished
+(it became unreachable) is recovered when it answers, else left for `flagtrial fleet
+recover`."""
 
 from __future__ import annotations
 
@@ -18,20 +22,25 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
+from flagtrial.engines import GATED
 from flagtrial.errors import FlagtrialError, TargetError
 from flagtrial.facts import Facts
 from flagtrial.fleet.hosts import Fleet, host_endpoint
 from flagtrial.fleet.hoststep import host_rows, rollback, stop_play
 from flagtrial.fleet.inventory import FleetHost
 from flagtrial.launch.spec import encode_spec
+from flagtrial.preflight import GateReport, gates
 from flagtrial.records import TrialRow
 from flagtrial.session import Session, restore_detail
+from flagtrial.settings import DeclaredGpu
 from flagtrial.states import TrialState
+from flagtrial.targets.base import HostFacts
 from flagtrial.targets.holder import proc_start_ticks
 
 if TYPE_CHECKING:
@@ -40,7 +49,7 @@ if TYPE_CHECKING:
 
 PLAY = Path(__file__).with_name("promote.yml")
 
-Outcome = Literal["promoted", "rolled back", "unfinished", "not reached"]
+Outcome = Literal["promoted", "rolled back", "unfinished", "not reached", "skipped"]
 
 
 class HostOutcome(BaseModel):
@@ -58,14 +67,14 @@ class Wave(BaseModel):
 
 
 class Promotion(BaseModel):
-    trial_id: int  # the canary's trial
+    trial_id: int  # the first canary's trial: the facts every host is checked against
     group: str
-    canary: str
+    canaries: list[str]
     play: str  # ansible-runner's status of the play
     waves: list[Wave]
     hosts: list[HostOutcome]
     budget_exceeded: bool
-    canary_rolled_back: bool = False
+    canary_rolled_back: bool = False  # every canary, each verified
 
     def count(self, outcome: Outcome) -> int:
         return sum(h.outcome == outcome for h in self.hosts)
@@ -102,14 +111,23 @@ async def recover(fleet: Fleet) -> dict[str, dict[int, str] | FlagtrialError]:
         return await fleet.each(fleet.hosts, one)
 
 
-async def prepare(fleet: Fleet) -> dict[str, Facts]:
+@dataclass
+class HostRead:
+    """A host as `trial --fleet` reads it before any change: its known-good's facts and the
+    host's own (GPUs, kernel)."""
+
+    facts: Facts
+    host: HostFacts
+
+
+async def prepare(fleet: Fleet) -> dict[str, HostRead]:
     """Every host's known-good, running and read (a host without one recorded is restarted
     once to read it), its unfinished journals recovered first; a host that cannot be read
     stops everything before any change (TargetError, exit 5). The caller holds the locks."""
 
-    async def read(host: FleetHost, session: Session) -> Facts:
+    async def read(host: FleetHost, session: Session) -> HostRead:
         _, _, facts = await session.known_good()
-        return facts
+        return HostRead(facts, await session.target.host_facts())
 
     stop_left_plays(fleet)
     results = await fleet.each(fleet.hosts, read)
@@ -119,31 +137,103 @@ async def prepare(fleet: Fleet) -> dict[str, Facts]:
             f"{len(failed)} of {len(results)} hosts of {fleet.group} cannot be read, nothing "
             "changed: " + "; ".join(f"{name}: {e}" for name, e in failed.items())
         )
-    facts = {name: r for name, r in results.items() if isinstance(r, Facts)}
-    await name_differences(fleet, facts)
-    return facts
+    return {name: r for name, r in results.items() if isinstance(r, HostRead)}
 
 
-async def name_differences(fleet: Fleet, facts: dict[str, Facts]) -> None:
-    """A host whose GPUs, driver or engine version differ from the canary's is named before
-    any wave reaches it."""
+def gpus_of(host: HostFacts, declared: DeclaredGpu) -> list[str]:
+    """A host's GPUs as the gate analysis sees them: nvidia-smi's, else the declared ones."""
+    if host.gpus:
+        return [f"{g.name} (SM {g.compute_cap}, driver {g.driver_version})" for g in host.gpus]
+    if declared.compute_cap:
+        cuda = f", CUDA {declared.cuda}" if declared.cuda else ""
+        return [f"{declared.count} x SM {declared.compute_cap} (declared{cuda})"]
+    return []
 
-    async def gpus(host: FleetHost, session: Session) -> list[str]:
-        found = await session.target.host_facts()
-        return [f"{g.name} (SM {g.compute_cap}, driver {g.driver_version})" for g in found.gpus]
 
-    seen = await fleet.each(fleet.hosts, gpus)
-    canary_gpus, canary_version = seen[fleet.canary], facts[fleet.canary].version
-    for host in fleet.others:
-        session = fleet.sessions[host.name]
-        if seen[host.name] != canary_gpus:
-            session.notify("host differs", f"GPUs {seen[host.name]} vs the canary's {canary_gpus}")
-        if facts[host.name].version != canary_version:
-            session.notify(
-                "host differs",
-                f"{facts[host.name].engine} {facts[host.name].version} vs the canary's "
-                f"{canary_version}",
+async def host_gates(session: Session, version: str | None, change: Change) -> GateReport:
+    """The gate analysis of `change` on one host as preflight runs it: its installed spec,
+    its engine version, its own GPUs (or its declared ones)."""
+    spec = await session.target.read_spec()
+    checked = await session.check_change(spec, change)
+    return await gates(session, version, change, spec, checked, await session.target.host_facts())
+
+
+def gate_differences(canary: GateReport, host: GateReport) -> list[str]:
+    """The host's findings that differ from the canary's, one line each."""
+    theirs = {f.flag: f.outcome.value for f in canary.findings}
+    lines = [
+        f"{f.flag}: {f.outcome.value} here ({f.reason}), {theirs.get(f.flag, 'not analysed')} "
+        "on the canary"
+        for f in host.findings
+        if theirs.get(f.flag) != f.outcome.value
+    ]
+    if host.skipped and host.skipped != canary.skipped:
+        lines.append(host.skipped)
+    return lines
+
+
+@dataclass
+class Differences:
+    """Hosts that differ from the first canary: what differs, and the gate findings for
+    their own hardware that differ from the canary's."""
+
+    named: dict[str, list[str]] = field(default_factory=dict)
+    findings: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # the change fails at startup there
+
+
+async def name_differences(fleet: Fleet, change: Change, read: dict[str, HostRead]) -> Differences:
+    """A host whose GPUs, driver or engine version differ from the first canary's is named
+    before any trial or wave, with the gate analysis run for its hardware and engine version
+    beside the canary's. A host (not a canary: its own trial refuses) where the change fails
+    at startup per that analysis, or cannot apply, is skipped: left on its known-good."""
+    found = Differences()
+    first = fleet.canary
+
+    def seen(name: str) -> list[str]:
+        return gpus_of(read[name].host, fleet.sessions[name].project.gpu)
+
+    for host in fleet.hosts:
+        name, lines = host.name, []
+        if name != first and seen(name) != seen(first):
+            lines.append(
+                f"GPUs {seen(name) or 'not known'} vs the canary's {seen(first) or 'not known'}"
             )
+        mine, theirs = read[name].facts, read[first].facts
+        if mine.version != theirs.version:
+            lines.append(f"{mine.engine} {mine.version} vs the canary's {theirs.version}")
+        if lines:
+            found.named[name] = lines
+    if not found.named:
+        return found
+    checked = [h for h in fleet.hosts if h.name == first or h.name in found.named]
+    reports = await fleet.each(
+        checked, lambda h, s: host_gates(s, read[h.name].facts.version, change)
+    )
+    reference = reports[first]
+    for name, lines in found.named.items():
+        session, report = fleet.sessions[name], reports[name]
+        refusal: str | None
+        session.notify("host differs", "; ".join(lines))
+        if isinstance(report, FlagtrialError):
+            refusal, found.findings[name] = str(report), [f"the change cannot apply: {report}"]
+        elif isinstance(reference, FlagtrialError):  # the canary's own trial will say why
+            refusal = report.refusal()
+            found.findings[name] = [f"{f.flag}: {f.outcome.value} here" for f in report.findings]
+        else:
+            refusal = report.refusal()
+            found.findings[name] = gate_differences(reference, report) or [
+                "the same gate findings as the canary's"
+                if fleet.project.engine in GATED
+                else f"no source gate analysis for {fleet.project.engine}: the change's flags "
+                "checked against this host's server"
+            ]
+        for line in found.findings[name]:
+            session.notify("gates", line)
+        if refusal is not None and name not in fleet.canaries:
+            found.skipped[name] = refusal
+            session.notify("skipped", f"left on its known-good: {refusal}")
+    return found
 
 
 def _ssh_args(fleet: Fleet) -> dict[str, str]:
@@ -169,7 +259,12 @@ def _ssh_args(fleet: Fleet) -> dict[str, str]:
 
 
 def _run_play(
-    fleet: Fleet, trial_id: int, candidate: str, data_dir: Path, stop: threading.Event
+    fleet: Fleet,
+    trial_id: int,
+    targets: list[FleetHost],
+    candidate: str,
+    data_dir: Path,
+    stop: threading.Event,
 ) -> str:
     import ansible_runner
 
@@ -180,8 +275,9 @@ def _run_play(
     step = [sys.executable, "-m", "flagtrial.fleet.hoststep", "--project",
             str(fleet.project_file), "--group", fleet.group, "--trial", str(trial_id),
             "--parent", parent]  # fmt: skip
+    step += [word for name in fleet.canaries for word in ("--canary", name)]
     extravars: dict[str, Any] = {
-        "ft_hosts": ",".join(h.name for h in fleet.others),
+        "ft_hosts": ",".join(h.name for h in targets),
         "ft_serial": policy.serial,
         "ft_max_fail_percentage": policy.max_fail_percentage,
         "ft_pause_s": policy.pause_s,
@@ -189,9 +285,7 @@ def _run_play(
         "ft_spec_path": fleet.project.spec_path or "",
         "ft_candidate_file": str(candidate_file),
         "ft_step": step,
-        "ft_endpoints": {
-            h.name: host_endpoint(fleet.project.endpoint, h.address) for h in fleet.others
-        },
+        "ft_endpoints": {h.name: host_endpoint(fleet.project.endpoint, h.address) for h in targets},
     }
     runner = ansible_runner.run(
         private_data_dir=str(data_dir),
@@ -222,17 +316,21 @@ def _tell(fleet: Fleet, event: dict[str, Any]) -> bool:
     return True  # keep the event in the artifacts
 
 
-async def promote(fleet: Fleet, trial_id: int) -> Promotion:
-    """Run the waves for canary trial `trial_id` (judged KEEP and kept), then settle every
-    host: kept, or rolled back and verified. The caller holds every host's lock."""
-    ledger = fleet.ledger
+async def promote(fleet: Fleet, trials: dict[str, int], skipped: dict[str, str]) -> Promotion:
+    """Run the waves for the canaries' `trials` (each judged KEEP and kept), to every other
+    host but the `skipped` ones, then settle every host: kept, or rolled back and verified.
+    The caller holds every host's lock."""
+    ledger, trial_id = fleet.ledger, trials[fleet.canary]
     canary_trial = ledger.trial(trial_id)
     assert canary_trial.candidate_gen is not None
     candidate = ledger.generation(canary_trial.candidate_gen).spec_text
+    targets = [h for h in fleet.others if h.name not in skipped]
+    if not targets:
+        return await settle(fleet, trials, skipped, "successful")
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="flagtrial-ansible-") as tmp:
         play = asyncio.ensure_future(
-            asyncio.to_thread(_run_play, fleet, trial_id, candidate, Path(tmp), stop)
+            asyncio.to_thread(_run_play, fleet, trial_id, targets, candidate, Path(tmp), stop)
         )
         try:
             status = await asyncio.shield(play)
@@ -240,9 +338,9 @@ async def promote(fleet: Fleet, trial_id: int) -> Promotion:
             # Ctrl-C or SIGTERM: the play stops at its next event, every host goes back.
             stop.set()
             await play
-            await settle(fleet, trial_id, "canceled", roll_back_all=True)
+            await settle(fleet, trials, skipped, "canceled", roll_back_all=True)
             raise
-    return await settle(fleet, trial_id, status)
+    return await settle(fleet, trials, skipped, status)
 
 
 def _wave_of(row: TrialRow) -> str:
@@ -250,11 +348,18 @@ def _wave_of(row: TrialRow) -> str:
 
 
 async def settle(
-    fleet: Fleet, trial_id: int, status: str, *, roll_back_all: bool = False
+    fleet: Fleet,
+    trials: dict[str, int],
+    skipped: dict[str, str],
+    status: str,
+    *,
+    roll_back_all: bool = False,
 ) -> Promotion:
     """After the play: the budget judged per wave (as the play's max_fail_percentage does),
-    then every host kept or rolled back, each verified."""
+    then every host kept or rolled back, each verified. A skipped host was in no wave: it
+    is outside the budget."""
     ledger, budget = fleet.ledger, fleet.project.fleet.max_fail_percentage
+    trial_id = trials[fleet.canary]
     rows = {h.name: host_rows(fleet, h.name, trial_id) for h in fleet.others}
     last = {name: r[-1] for name, r in rows.items() if r}
     waves: dict[str, list[TrialRow]] = {}
@@ -269,11 +374,13 @@ async def settle(
     exceeded = roll_back_all or any(
         100 * failures[wave] / len(wave.split(",")) > budget for wave in waves
     )
-    if status != "successful" and len(last) < len(fleet.others):
+    if status != "successful" and len(last) < len(fleet.others) - len(skipped):
         exceeded = True  # the play stopped before it reached every host
 
     async def finish(host: FleetHost, session: Session) -> HostOutcome:
         row = last.get(host.name)
+        if host.name in skipped:
+            return HostOutcome(name=host.name, outcome="skipped", detail=skipped[host.name])
         if row is None:
             return HostOutcome(name=host.name, outcome="not reached")
         out = HostOutcome(name=host.name, outcome="unfinished", wave=number[_wave_of(row)],
@@ -309,11 +416,11 @@ async def settle(
     ]
     canary_back = False
     if exceeded:
-        canary_back = await _roll_back_canary(fleet, trial_id)
+        canary_back = await roll_back_canaries(fleet, trials)
     return Promotion(
         trial_id=trial_id,
         group=fleet.group,
-        canary=fleet.canary,
+        canaries=fleet.canaries,
         play=status,
         waves=[_timing(fleet, wave, group, failures[wave]) for wave, group in waves.items()],
         hosts=outcomes,
@@ -322,14 +429,19 @@ async def settle(
     )
 
 
-async def _roll_back_canary(fleet: Fleet, trial_id: int) -> bool:
-    session, ledger = fleet.sessions[fleet.canary], fleet.ledger
-    baseline = ledger.generation(ledger.trial(trial_id).baseline_gen)
-    restore = await session.restore(baseline)
-    session.notify("rolled back", restore_detail(restore))
-    if restore.verified:
-        ledger.mark_known_good(baseline.id, restore.facts.model_dump())
-    return restore.verified
+async def roll_back_canaries(fleet: Fleet, trials: dict[str, int]) -> bool:
+    """Each canary of `trials` (name: its kept trial) back on that trial's baseline, one
+    after another; True when every restore was verified."""
+    ledger, verified = fleet.ledger, True
+    for name, trial_id in trials.items():
+        session = fleet.sessions[name]
+        baseline = ledger.generation(ledger.trial(trial_id).baseline_gen)
+        restore = await session.restore(baseline)
+        session.notify("rolled back", restore_detail(restore))
+        if restore.verified:
+            ledger.mark_known_good(baseline.id, restore.facts.model_dump())
+        verified = verified and restore.verified
+    return verified
 
 
 def _timing(fleet: Fleet, wave: str, rows: list[TrialRow], failed: int) -> Wave:
@@ -344,19 +456,56 @@ def _timing(fleet: Fleet, wave: str, rows: list[TrialRow], failed: int) -> Wave:
     return Wave(hosts=wave.split(","), failed=failed, seconds=max(times) - min(times))
 
 
-async def fleet_trial(
-    fleet: Fleet, change: Change, *, force: bool = False
-) -> tuple[TrialOutcome, Promotion | None]:
-    """`trial --fleet`: every host locked and its known-good read, the trial on the canary,
-    and on KEEP the promotion to the rest (None when the canary's verdict is not KEEP)."""
+@dataclass
+class FleetTrial:
+    """What `trial --fleet` did: each canary's trial in the order they ran (the last is the
+    one that stopped it, when one did), the canaries rolled back because a later one did not
+    keep the change, the hosts differences named, and the promotion (None: not promoted)."""
+
+    canaries: dict[str, TrialOutcome]
+    differences: Differences
+    rolled_back: list[str] = field(default_factory=list)
+    promotion: Promotion | None = None
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The canary whose trial did not keep the change, if one did not."""
+        name, last = next(reversed(self.canaries.items()))
+        return None if _kept(last) else name
+
+
+def _kept(outcome: TrialOutcome) -> bool:
+    return outcome.verdict.decision == "KEEP" and outcome.outcome == "kept"
+
+
+async def fleet_trial(fleet: Fleet, change: Change, *, force: bool = False) -> FleetTrial:
+    """`trial --fleet`: every host locked and its known-good read, differing hosts named
+    with their gate findings, the trial on each canary in turn, and when every canary kept
+    the change the promotion to the rest. A canary that does not keep it (or whose trial
+    fails, or is interrupted) stops it there: the canaries that kept it go back to their
+    known-good, verified, so no host is left on a change another canary refused."""
     from flagtrial.trial import Trial
 
     async with contextlib.AsyncExitStack() as stack:
         for host in fleet.hosts:
             target = fleet.sessions[host.name].target
             await stack.enter_async_context(target.lock("flagtrial trial --fleet"))
-        await prepare(fleet)
-        outcome = await Trial(fleet.sessions[fleet.canary], change, force=force).run()
-        if outcome.verdict.decision != "KEEP" or outcome.outcome != "kept":
-            return outcome, None
-        return outcome, await promote(fleet, outcome.trial_id)
+        differences = await name_differences(fleet, change, await prepare(fleet))
+        done = FleetTrial(canaries={}, differences=differences)
+        kept: dict[str, int] = {}
+        try:
+            for name in fleet.canaries:
+                outcome = await Trial(fleet.sessions[name], change, force=force).run()
+                done.canaries[name] = outcome
+                if not _kept(outcome):
+                    break
+                kept[name] = outcome.trial_id
+        except BaseException:
+            await roll_back_canaries(fleet, kept)
+            raise
+        if done.stopped_by is not None:
+            await roll_back_canaries(fleet, kept)
+            done.rolled_back = list(kept)
+            return done
+        done.promotion = await promote(fleet, kept, differences.skipped)
+        return done
