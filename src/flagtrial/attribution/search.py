@@ -77,7 +77,7 @@ class FactSearch:
 
     def _of(self, effect: str) -> Subset:
         """The edits that can carry `effect`."""
-        return self.among.get(effect, self.candidates) & self.candidates
+        return frozenset(self.among.get(effect, self.candidates) & self.candidates)
 
     def next(self) -> Subset | None:
         """The next subset to start and read, or None when every effect is attributed."""
