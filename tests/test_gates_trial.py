@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import flagtrial
-from flagtrial.attribution.outcome import Attribution
 from flagtrial.demo import free_port
 from flagtrial.engines.resolve import SHOWN_MISMATCHES
 from flagtrial.errors import GateError
@@ -209,44 +208,3 @@ def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(
     )
     assert moe_found[0] in ("useless", "unresolved")
     assert fixed == Change(edits=[moe])
-
-
-def test_a_setting_the_server_moves_unasked_is_attributed_by_each_edits_own_resolution(
-    tmp_path: Path,
-    sglang_bin: Path,  # noqa: F811
-    sglang_model: Path,  # noqa: F811
-) -> None:
-    """SGLang 0.5.23 turns the deprecated fusion switch into backend "auto" unasked
-    (srt/arg_groups/serving_hook.py `_handle_deprecated_args`); the server reports it, the
-    trial's resolution predicted it. The known-good with each edit alone, resolved by the
-    real engine: only the fusion moves the backend, so no restart is spent to find it (a
-    search by restarts reads each edit alone: two starts and the restore)."""
-    from flagtrial.attribution.attribute import Attribute
-
-    project = real_resolution_project(tmp_path, sglang_bin, sglang_model, "9.0")
-    watchdog = Edit(op="set", name="--watchdog-timeout", value="400")
-    fusion = FUSION.edits[0]
-    outcome = trial(project, change=Change(edits=[watchdog, fusion]))
-    implicit = [c.name for c in outcome.diff.implicit] if outcome.diff else []
-    assert "flashinfer_allreduce_fusion_backend" in implicit, outcome.diff
-    session = session_for(project)
-    target = session.target
-    assert isinstance(target, ProcessTarget)
-
-    async def attribute() -> Attribution:
-        try:
-            async with target.lock("test"):
-                return await Attribute(session, outcome.trial_id).run()
-        finally:
-            await target.stop()
-
-    done = asyncio.run(attribute())
-    assert done.used.restarts == 0 and done.journals == []
-    assert done.resolutions == 3  # the known-good, and each edit alone
-    watchdog_found, fusion_found = done.edits
-    assert (
-        "the engine's own resolution of the known-good with only this edit: "
-        "flashinfer_allreduce_fusion_backend None -> 'auto'"
-    ) in fusion_found.evidence, fusion_found.evidence
-    assert watchdog_found.outcome in ("useless", "unresolved"), watchdog_found
-    assert not any("flashinfer" in e for e in watchdog_found.evidence)
