@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from flagtrial.attribution.outcome import EditOutcome, Found
 from flagtrial.attribution.search import Culprits, Subset
 from flagtrial.engines import resolve as resolving
-from flagtrial.engines.resolve import Resolution
+from flagtrial.engines.resolve import Resolution, ResolveFacts
+from flagtrial.errors import ChangeError
 from flagtrial.facts import Scalar
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.spec import LaunchSpec
@@ -31,10 +32,12 @@ _OWN = "the engine's own resolution of the known-good with only this edit"
 
 @dataclass
 class EachResolved:
-    """The known-good resolved, and each edit resolved alone on it (`alone`, by index)."""
+    """The known-good resolved, and each edit resolved alone on it (`alone`, by index), on
+    the same GPU facts (`facts`: declared, or None for the host's own)."""
 
     known_good: Resolution
     alone: dict[int, Resolution] = field(default_factory=dict)
+    facts: ResolveFacts | None = None
 
     @property
     def spent(self) -> int:
@@ -62,7 +65,7 @@ async def known_good(
         return None
     facts = resolving.declared_facts(await s.target.host_facts(), s.project.gpu)
     good = await resolving.resolve_spec(s.target, engine, spec, facts)
-    return EachResolved(known_good=good) if good.status == "resolved" else None
+    return EachResolved(known_good=good, facts=facts) if good.status == "resolved" else None
 
 
 async def resolve_each(
@@ -70,11 +73,12 @@ async def resolve_each(
 ) -> None:
     """Each edit of `among` resolved alone on the known-good `spec`, one after the other (each
     loads the engine), on the known-good's facts; an edit that does not resolve is left out."""
-    engine = s.engine.name
-    facts = resolving.declared_facts(await s.target.host_facts(), s.project.gpu)
     for i in sorted(among):
-        checked = await s.check_change(spec, Change(edits=[edits[i]]))
-        got = await resolving.resolve_spec(s.target, engine, checked.candidate, facts)
+        try:
+            checked = await s.check_change(spec, Change(edits=[edits[i]]))
+        except ChangeError:
+            continue  # alone it leaves the spec as it is: nothing of its own to resolve
+        got = await resolving.resolve_spec(s.target, s.engine.name, checked.candidate, each.facts)
         if got.status != "unresolved":
             each.alone[i] = got
 
