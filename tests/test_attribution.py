@@ -178,39 +178,70 @@ def test_what_cannot_be_attributed_is_refused_in_one_line(server: Server) -> Non
     assert both.returncode == 2 and "no edits" in both.stderr, both.stderr
 
 
-def test_a_measured_harm_is_attributed_by_probe_trials(
+def slow_prefill_server(server: Server, small_model: Path, tiny_model: Path) -> bytes:
+    """The tiny model with 512-token batches, 200-word prompts: `-ub=16` makes prefill
+    several times slower and moves no fact. Returns the unit as it then is."""
+    text = server.unit.read_text().replace(str(small_model), str(tiny_model))
+    server.unit.write_text(text.replace("--threads 1", "--threads 1 -b 512 -ub 512"))
+    update_project_file(
+        server.file,
+        workload={"prompt_words": 200, "max_tokens": 8},
+        policy={"max_seconds": 90, "attribution_max_seconds": 300},
+    )
+    return server.unit.read_bytes()
+
+
+def test_a_measured_harm_is_attributed_by_the_measured_design(
     server: Server, small_model: Path, tiny_model: Path
 ) -> None:
     """No fact moves: the REVERT is measured (16-token batches make 200-word prompts' prefill
-    several times slower). Each candidate edit is probed by a trial of its own, never kept:
+    several times slower). The two edits are measured in the full factorial (the known-good,
+    each alone, both), a restart before every run, replicates until each main effect decides:
     the alias shows nothing, the batch size the harm, with its interval."""
-    text = server.unit.read_text().replace(str(small_model), str(tiny_model))
-    server.unit.write_text(text.replace("--threads 1", "--threads 1 -b 512 -ub 512"))
-    before = server.unit.read_bytes()
-    update_project_file(
-        server.file, workload={"prompt_words": 200, "max_tokens": 8}, policy={"max_seconds": 90}
-    )
+    before = slow_prefill_server(server, small_model, tiny_model)
     out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16", "--attribute")
     assert out["verdict"]["decision"] == "REVERT", out["verdict"]["reasons"]
     assert out["verdict"]["finding"] == "harm"
     attributed = out["attribution"]
     found = by_edit(attributed)
-    # its own probe: equivalent within the margin (useless), or too noisy to say (unresolved)
-    outcome, evidence = found["set --alias"]
-    assert outcome in ("useless", "unresolved")
-    assert "(trial 2, this edit alone)" in evidence[0], evidence
     outcome, evidence = found["set -ub"]
     assert outcome == "harmful"
-    assert any("this edit alone" in e and "output tok/s" in e for e in evidence), evidence
-    probes = attributed["journals"]
-    assert len(probes) == 2  # one probe per candidate edit, no fact restarts
+    assert any("main effect over" in e and "output tok/s" in e for e in evidence), evidence
+    # equivalent within the margin (useless), or too noisy to say in the bound (unresolved)
+    outcome, evidence = found["set --alias"]
+    assert outcome in ("useless", "unresolved")
+    assert any("main effect over" in e for e in evidence), evidence
+    (journal,) = attributed["journals"]  # no fact restarts: one journal, the design's
     ledger = server.ledger()
-    for probe in probes:
-        row = ledger.trial(probe)
-        assert row.record["probe_of"] == out["trial_id"]
-        assert row.state == "reverted"
-    assert attributed["used"]["load_s"] > 0
+    row = ledger.trial(journal)
+    assert row.record["attribution_of"] == out["trial_id"] and row.state == "reverted"
+    arms = {r.arm for r in ledger.runs(journal)}
+    assert arms == {"known-good", "edits 1", "edits 2", "edits 1, 2"}
+    runs = ledger.runs(journal)
+    assert attributed["used"]["restarts"] >= 2 * 4 + 1  # two replicates at least, the restore
+    assert attributed["used"]["load_s"] == pytest.approx(
+        sum(r.summary["duration_s"] for r in runs), abs=0.2
+    )
+    # one edit at a time for the same widths: 3 arms of twice the runs
+    assert attributed["one_at_a_time"]["restarts"] > attributed["used"]["restarts"]
     assert server.unit.read_bytes() == before
+
+
+def test_killed_mid_design_recovers_to_the_known_good(
+    server: Server, small_model: Path, tiny_model: Path
+) -> None:
+    before = slow_prefill_server(server, small_model, tiny_model)
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
+    assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
+    killed = server.cli("attribute", str(out["trial_id"]), faults="measuring=KILL")
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    journal = server.ledger().trials()[-1]
+    assert journal.record["attribution_of"] == out["trial_id"] and journal.state == "measuring"
+    recovered = server.cli("recover")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert server.unit.read_bytes() == before
+    assert server.ledger().trial(journal.id).state == "recovered"
+    assert server.ledger().attribution(out["trial_id"]) is None
 
 
 def test_a_kept_change_with_an_implicit_change_is_attributed_against_its_old_known_good(

@@ -21,6 +21,7 @@ import pytest
 from flagtrial.demo import free_port, write_unit
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
+from flagtrial.noise import Noise, bound_pairs
 from flagtrial.reasons import Code
 from flagtrial.session import Session
 from flagtrial.targets.process import ProcessTarget
@@ -190,6 +191,36 @@ def test_aa_trial_finds_no_effect(project: Project) -> None:
     assert outcome.diff is not None and [c.name for c in outcome.diff.explicit] == ["model_alias"]
     shown = project.cli("show", str(outcome.trial_id)).stdout
     assert "foreign CPU" in shown and shown.count("candidate") >= 2
+
+
+def test_the_next_trial_says_what_its_bound_resolves_at_the_noise_the_last_measured(
+    project: Project,
+) -> None:
+    """The first trial of a workload cannot know its noise and says so; it keeps the spread
+    of its pairs, and the next trial of that workload states, before its load, what its bound
+    can resolve at that noise (a margin too narrow to stop early: all 8 runs are paired,
+    counted even when other work shares the cores)."""
+    project.add_policy(
+        "max_runs = 8", "equivalence_margin_pct = 0.1", "max_seconds = 120",
+        "set_aside_disturbed = false",
+    )  # fmt: skip
+    change = Change(edits=[Edit(op="add", name="--alias", value="candidate")])
+    first = asyncio.run(Trial(project.session(), change).run())
+    assert [r.code for r in first.verdict.reasons].count(Code.RESOLVES_UNKNOWN) == 1
+    ledger = Ledger(project.root / ".flagtrial" / "ledger.db")
+    kept = ledger.trial(first.trial_id).record["noise"]
+    assert kept["pairs"] >= 3 and kept["pair_sd"] > 0 and kept["runs_per_block"] >= 1
+    events: list[tuple[str, str]] = []
+    second = asyncio.run(Trial(project.session(events), change).run())
+    said = next(r for r in second.verdict.reasons if r.code.startswith("resolves"))
+    assert said.code != Code.RESOLVES_UNKNOWN, said.message
+    assert said.values["trial"] == first.trial_id
+    policy = project.session().project.policy
+    assert said.values["pairs"] == bound_pairs(policy, Noise.model_validate(kept))
+    assert ("resolves", said.message) in events
+    assert events.index(("resolves", said.message)) < next(
+        i for i, (state, _) in enumerate(events) if state == "run"
+    )  # said before the first run
 
 
 def test_foreign_load_sets_runs_aside_and_measures_again(project: Project) -> None:

@@ -6,11 +6,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from dataclasses import dataclass
 
 from flagtrial.errors import FlagtrialError
 from flagtrial.faults import checkpoint
-from flagtrial.hygiene import client_bound, disturbed, foreign_load, sample_target
-from flagtrial.load.runner import run_level
+from flagtrial.hygiene import (
+    ForeignLoad,
+    LoadSample,
+    client_bound,
+    disturbed,
+    foreign_load,
+    sample_target,
+)
+from flagtrial.load.runner import RunResult, run_level
 from flagtrial.load.summary import RunSummary
 from flagtrial.plan import Journal
 from flagtrial.sequential import Arm, Continue, Sequential
@@ -41,52 +49,69 @@ class Blocks:
         # the next: half the samples (each a round trip on a remote target)
         before = await sample_target(s.target)
         for level in project.workload.concurrency:
-            result = await run_level(
-                project.endpoint,
-                project.workload,
-                level,
-                warmup=step.warmup,
-                # unique prompts across both arms: no prefix cache can serve one arm's
-                # prompts to the other
-                seed=(index * 2 + (arm == "candidate")) * 1000 + level,
-            )
-            state = await s.target.state()
-            if state.status != "running":
-                raise ServerDiedError(
-                    f"server died during the {arm} measurement (c={level}, run {index + 1})"
-                )
-            after = await sample_target(s.target)
-            own_pid = os.getpid() if s.target.local else None
-            load = foreign_load(before, after, state.pid, own_pid) if before and after else None
-            before = after
-            foreign = disturbed(load, project.policy.foreign_cpu_max_cores) if load else None
-            # a run the load client could not keep up with measured the client; both reasons
-            # when both hold (foreign load may be what starved the client)
-            reasons = [r for r in (foreign, client_bound(result.summary)) if r]
-            why = "; ".join(reasons) if reasons else None
-            set_aside = why is not None and project.policy.set_aside_disturbed
+            # unique prompts across both arms: no prefix cache can serve one arm's prompts to
+            # the other
+            seed = (index * 2 + (arm == "candidate")) * 1000 + level
+            run = await checked_run(
+                s, level, before, warmup=step.warmup, seed=seed,
+                what=f"the {arm} measurement (c={level}, run {index + 1})",
+            )  # fmt: skip
+            before, summary = run.after, run.result.summary
+            set_aside = run.why is not None and project.policy.set_aside_disturbed
             now = time.monotonic()
             seq.observe(
                 arm,
                 level,
-                result.summary,
-                records=result.records,
-                disturbed=why,
+                summary,
+                records=run.result.records,
+                disturbed=run.why,
                 elapsed_s=now - self.clock,
             )
             self.clock = now
             s.ledger.add_run(
-                self.journal.trial_id, arm, level, index, result.summary.model_dump(),
-                block=step.block, disturbed=why, foreign=dataclasses.asdict(load) if load else None,
+                self.journal.trial_id, arm, level, index, summary.model_dump(),
+                block=step.block, disturbed=run.why,
+                foreign=dataclasses.asdict(run.load) if run.load else None,
             )  # fmt: skip
             checkpoint(f"{arm}-run-{index + 1}")
             s.notify(
                 "run",
                 f"{arm} c={level} run {index + 1} (block {step.block + 1}): "
-                f"{result.summary.output_tok_s:.1f} tok/s, {result.summary.n_errors} errors"
-                + (f"; {'set aside' if set_aside else 'counted'}, {why}" if why else "")
-                + _delayed(result.summary),
+                f"{summary.output_tok_s:.1f} tok/s, {summary.n_errors} errors"
+                + (f"; {'set aside' if set_aside else 'counted'}, {run.why}" if run.why else "")
+                + _delayed(summary),
             )
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """One run at one level, the server checked alive after it, and why it is disturbed
+    (foreign load on the server machine, a client that could not keep up), if it is."""
+
+    result: RunResult
+    after: LoadSample | None  # the foreign-load sample after it: the next run's before
+    load: ForeignLoad | None
+    why: str | None
+
+
+async def checked_run(
+    s: Session, level: int, before: LoadSample | None, *, warmup: bool, seed: int, what: str
+) -> CheckedRun:
+    """Run the project's workload at `level`, between two samples of foreign load."""
+    result = await run_level(
+        s.project.endpoint, s.project.workload, level, warmup=warmup, seed=seed
+    )
+    state = await s.target.state()
+    if state.status != "running":
+        raise ServerDiedError(f"server died during {what}")
+    after = await sample_target(s.target)
+    own_pid = os.getpid() if s.target.local else None
+    load = foreign_load(before, after, state.pid, own_pid) if before and after else None
+    foreign = disturbed(load, s.project.policy.foreign_cpu_max_cores) if load else None
+    # a run the load client could not keep up with measured the client; both reasons when
+    # both hold (foreign load may be what starved the client)
+    reasons = [r for r in (foreign, client_bound(result.summary)) if r]
+    return CheckedRun(result, after, load, "; ".join(reasons) if reasons else None)
 
 
 def _delayed(summary: RunSummary) -> str:

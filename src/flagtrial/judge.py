@@ -36,6 +36,26 @@ def good_requests(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s
     )
 
 
+def metric_values(
+    policy: Policy, summary: RunSummary, records: Sequence[RequestRecord] | None
+) -> dict[str, float]:
+    """A run's value of every metric it has (goodput needs its records); none that is not
+    positive, for the log scale."""
+    values: dict[str, float] = {}
+    for metric in METRICS:
+        if metric == "goodput":
+            if records is None:
+                continue
+            value: float | None = goodput(
+                records, policy.goodput_ttft_max_s, policy.goodput_itl_max_s
+            )
+        else:
+            value = getattr(summary, metric)
+        if value is not None and value > 0:
+            values[metric] = float(value)
+    return values
+
+
 def goodput(records: Sequence[RequestRecord], ttft_max_s: float, itl_max_s: float) -> float:
     """Requests per second that succeeded within both limits (good_requests), over the run's
     whole duration.

@@ -46,6 +46,11 @@ class Code(StrEnum):
     TOO_FEW_PAIRS = "too-few-pairs"
     MORE_LOAD = "more-load"
     MORE_LOAD_NO = "more-load-no"
+    # before the load: what the bound can resolve at the noise an earlier trial measured
+    RESOLVES = "resolves"
+    RESOLVES_NO_EQUIVALENCE = "resolves-no-equivalence"
+    RESOLVES_NOTHING = "resolves-nothing"
+    RESOLVES_UNKNOWN = "resolves-unknown"
     DISTURBED = "disturbed"
     COUNTED_ANYWAY = "counted-anyway"
     IMPLICIT_CHANGE = "implicit-change"
@@ -87,6 +92,10 @@ STOPS = frozenset(
 EFFECT = (
     "{label} at c={concurrency}: {baseline:.4g} -> {candidate:.4g} "
     "({pct:+.1f} %, {lo_pct:+.1f} .. {hi_pct:+.1f} %)"
+)
+_NOISE = (
+    "before the load, at the noise trial {trial} measured (pair differences spread "
+    "{sd_pct:.1f} %, {block_s:.0f} s a block)"
 )
 _SPENT = "{baseline_runs}+{candidate_runs} runs at c={level}, {seconds:.0f}s"
 _AFTER = "after {after} {unit}"
@@ -143,6 +152,23 @@ MESSAGES: dict[Code, str] = {
     "and restarts at this pace) would likely settle it, at the effect and noise measured",
     Code.MORE_LOAD_NO: "more load would likely not settle it within {limit} pairs: the estimate "
     "({pct:+.1f} %) lies near a margin",
+    Code.RESOLVES: (
+        f"{_NOISE}: its bound (about {{pairs}} pairs) likely (4 in 5) resolves a gain or harm "
+        "of {mde:.1f} % or more, and shows no effect for a true effect within +-{within:.1f} %"
+    ),
+    Code.RESOLVES_NO_EQUIVALENCE: (
+        f"{_NOISE}: its bound (about {{pairs}} pairs) likely (4 in 5) resolves a gain or harm "
+        "of {mde:.1f} % or more, but is unlikely to show no effect within +-{margin:g} %: more "
+        "max_seconds or max_runs, or a quieter workload, would"
+    ),
+    Code.RESOLVES_NOTHING: (
+        f"{_NOISE}: its bound gives too few pairs ({{pairs}}) for an interval: raise max_seconds "
+        "or max_runs"
+    ),
+    Code.RESOLVES_UNKNOWN: (
+        "no earlier trial on this target measured this workload's noise: what the bound can "
+        "resolve is said from this trial on"
+    ),
     Code.DISTURBED: (
         "{disturbed} of {runs} runs set aside as disturbed, e.g. {arm} c={level}: {why}"
     ),

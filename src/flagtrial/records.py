@@ -68,7 +68,9 @@ class Event(BaseModel):
 
 
 class RunRow(BaseModel):
-    arm: Literal["baseline", "candidate"]
+    # a trial's "baseline" or "candidate"; an attribution's measured design names its arms
+    # by their edits ("known-good", "edits 1, 3")
+    arm: str
     concurrency: int
     run_index: int
     block: int

@@ -25,7 +25,7 @@ from flagtrial import stats
 from flagtrial.designs import Arm, Block, Design, Phase, Run, choose_design
 from flagtrial.facts import FactsDiff
 from flagtrial.guardrails import MEASURED, METRICS, PRIMARY, Evidence
-from flagtrial.judge import Effect, Verdict, decide, good_requests, goodput
+from flagtrial.judge import Effect, Verdict, decide, good_requests, metric_values
 from flagtrial.load.client import RequestRecord
 from flagtrial.load.summary import RunSummary
 from flagtrial.reasons import Code, Reason, Value
@@ -122,18 +122,7 @@ class Sequential:
         if not block.pending:
             block.passes += 1
         self.clock_s += summary.duration_s if elapsed_s is None else elapsed_s
-        values: dict[str, float] = {}
-        for metric in METRICS:
-            if metric == "goodput":
-                if records is None:
-                    continue
-                value: float | None = goodput(
-                    records, self.policy.goodput_ttft_max_s, self.policy.goodput_itl_max_s
-                )
-            else:
-                value = getattr(summary, metric)
-            if value is not None and value > 0:
-                values[metric] = float(value)
+        values = metric_values(self.policy, summary, records)
         if records is not None:  # for the SLO each arm is reported to meet (guardrails.Slo)
             p = self.policy
             good = good_requests(records, p.goodput_ttft_max_s, p.goodput_itl_max_s)

@@ -158,7 +158,7 @@ class Session:
         for trial in self.ledger.unfinished_trials(self.target.name):
             self.notify("recover", f"trial {trial.id} was left unfinished in state {trial.state}")
             facts_after = trial.facts_after
-            # an attribution's probe is judged, never kept
+            # an attribution's probe trial (ledgers before the measured design) is never kept
             probe = trial.record.get("probe_of") is not None
             if trial.verdict == "KEEP" and not probe and trial.candidate_gen and facts_after:
                 candidate = self.ledger.generation(trial.candidate_gen)

@@ -10,7 +10,8 @@ a trial judged KEEP to kept. A fleet host's promotion: planned -> installing -> 
 -> facts -> judged -> kept | reverting -> reverted.
 
 An attribution's restarts (flagtrial.attribution) are journaled as a trial too: preflighted
--> (installing -> restarting [-> facts]) per subset of the edits -> reverting -> reverted.
+-> (installing -> restarting [-> facts | measuring]) per subset of the edits -> reverting ->
+reverted.
 """
 
 from __future__ import annotations

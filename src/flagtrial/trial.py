@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from flagtrial import noise
 from flagtrial.arms import Arms
 from flagtrial.blocks import Blocks, ServerDiedError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
@@ -44,14 +45,10 @@ class Trial:
     restart into it; the trial's parts plan it (Plan), switch arms (Arms: install, restart,
     facts), measure a block (Blocks: runs with foreign-load samples) and finish it."""
 
-    def __init__(
-        self, session: Session, change: Change, *, force: bool = False, probe_of: int | None = None
-    ) -> None:
+    def __init__(self, session: Session, change: Change, *, force: bool = False) -> None:
         self.s = session
         self.change = change
         self.force = force
-        # a probe of an attribution of trial `probe_of`: judged, never kept
-        self.probe_of = probe_of
         # True once the server is on a judged spec (kept candidate or verified restore):
         # from then on an interruption must not revert anything.
         self._settled = False
@@ -59,9 +56,9 @@ class Trial:
     async def run(self) -> TrialOutcome:
         s = self.s
         p = await plan(s, self.change)
-        if self.probe_of is not None:
-            p.journal.context["probe_of"] = self.probe_of
         arms = Arms(s, p, force=self.force)
+        arms.notes.append(resolves := self._resolves())
+        s.notify("resolves", resolves.message)
         seq = Sequential(
             s.project.policy, s.project.workload.concurrency, restart_s=p.facts_before.ready_s
         )
@@ -106,8 +103,19 @@ class Trial:
                     "runs_per_block": d.runs_per_block,
                     "why": d.why,
                 }
+        if (measured := noise.measured(seq, self.s.project)) is not None:
+            p.journal.context["noise"] = measured.model_dump()  # for the next trial's plan
         diff = arms.diff or diff_facts(p.facts_before, p.facts_before, set())
         return await self._finish(p, arms, step.verdict(self.s.project.policy, diff))
+
+    def _resolves(self) -> Reason:
+        """What this trial's bound can resolve, at the noise the last trial of this workload
+        on this target measured."""
+        s = self.s
+        if (prior := noise.last_measured(s.ledger, s.target.name, s.project)) is None:
+            return Reason(code=Code.RESOLVES_UNKNOWN)
+        trial_id, measured = prior
+        return noise.resolvable(s.project.policy, measured, trial_id)
 
     async def _interrupted(self, p: Plan, arms: Arms, e: BaseException) -> None:
         """Stopped by `e` before the end: aborted when nothing of the candidate was installed,
@@ -142,9 +150,8 @@ class Trial:
             reasons_json=_reasons_json(verdict),
             record_json=_record(p, arms, verdict),
         )
-        keep = self.probe_of is None and (
-            verdict.decision == "KEEP"
-            or (verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep")
+        keep = verdict.decision == "KEEP" or (
+            verdict.decision == "INCONCLUSIVE" and s.project.policy.on_inconclusive == "keep"
         )
         if keep and arms.facts_after is not None and arms.installed == "baseline":
             mismatches = await arms.keep_candidate(arms.facts_after)

@@ -1,11 +1,12 @@
 """Which edit of a trial's change did it: the evidence that costs no restart first (the
 engine's --help, the gate analysis the trial recorded), then restarts with no load (the
 facts of subsets of the edits, group testing: attribution/search.py), then measured effects
-last (probe trials of subsets, judged by the trial's own sequential procedure, never kept).
+last (a two-level design over the edits, measured in replicates until the trial's confidence
+sequence decides each edit: attribution/factorial.py).
 
-Every restart is journaled: the fact reads in one trial-shaped journal of their own (a
-killed attribution is recovered to the known-good like a trial), each probe in its own
-trial. The result is kept in the ledger's attributions table."""
+Every restart is journaled in a trial-shaped journal of the attribution's own (one for the
+fact reads, one for the measured design): a killed attribution is recovered to the
+known-good like a trial. The result is kept in the ledger's attributions table."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 from flagtrial.attribution import resolution
 from flagtrial.attribution.effects import FAILS_TO_START, describe, fact_effects, trial_effects
 from flagtrial.attribution.evidence import inert
+from flagtrial.attribution.factorial import Design, Factorial
+from flagtrial.attribution.measured import ArmRuns, read_design
 from flagtrial.attribution.outcome import Attribution, Cost, EditOutcome, Found, judge
-from flagtrial.attribution.search import FactSearch, Subset
+from flagtrial.attribution.search import Culprits, FactSearch, Subset
+from flagtrial.designs import MAX_RUNS_PER_BLOCK, runs_per_restart
 from flagtrial.errors import ServerNotReadyError, UsageError
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.gates.model import Outcome
@@ -113,7 +117,7 @@ class Attribute:
         self.found = Found()
         self.used = Cost(restarts=0, load_s=0.0)
         self.journals: list[int] = []
-        self.probes: dict[int, Cost] = {}  # the journals that are probe trials, their cost
+        self.alone: Cost | None = None  # one edit at a time, for the measured design's widths
         self.stopped: str | None = None
         self.resolutions = 0  # the engine's own resolutions run (attribution/resolution.py)
         self.began = time.monotonic()
@@ -155,14 +159,17 @@ class Attribute:
         if (trial.record.get("verdict") or {}).get("finding") == "equivalent":
             self.found.equivalent |= candidates
         await self._search_facts(FactSearch(facts, candidates, among), spec, facts_before)
-        if measured is not None and good.id == trial.baseline_gen:
-            await self._search_measured(FactSearch({measured}, candidates))
+        if measured is not None and len(candidates) == 1:
+            self._only_one(measured, candidates)
+        elif measured is not None and good.id == trial.baseline_gen:
+            await self._measure_design(measured, candidates, spec)
         elif measured is not None:
-            # A probe trial measures against the known-good that serves: not the trial's.
+            # the design measures against the known-good that serves: not the trial's
             self.found.unsettled[measured] = set(candidates)
             self.stopped = (
-                f"measured effects are probed against the known-good trial {trial.id} measured "
-                f"against (generation {trial.baseline_gen}); generation {good.id} serves now"
+                f"measured effects are measured against the known-good trial {trial.id} "
+                f"measured against (generation {trial.baseline_gen}); generation {good.id} "
+                "serves now"
             )
         result = Attribution(
             trial_id=trial.id,
@@ -194,19 +201,19 @@ class Attribute:
 
     def _one_at_a_time(self, measured: bool) -> Cost:
         """Each edit alone: a start and a facts read each (and the known-good's restore), or,
-        for a measured effect, a probe trial each, as costly as the probes run cost on
-        average (as the trial attributed, when none ran)."""
+        for a measured effect, the runs one edit at a time against the known-good would take
+        for the intervals the design gave (each run after its own restart, as here)."""
         n = len(self.edits)
         if not measured:
             return Cost(restarts=n + 1, load_s=0.0)
-        costs = list(self.probes.values()) or [ledger_cost(self.s, self.trial.id)]
-        restarts = sum(c.restarts for c in costs) / len(costs)
-        load_s = sum(c.load_s for c in costs) / len(costs)
-        return Cost(restarts=round(n * restarts), load_s=round(n * load_s, 1))
+        if self.alone is None:  # nothing measured: what the trial attributed cost, per edit
+            cost = ledger_cost(self.s, self.trial.id)
+            return Cost(restarts=n * cost.restarts, load_s=round(n * cost.load_s, 1))
+        return self.alone
 
     def _bound(self) -> bool:
-        """Whether the policy's bounds leave room for another read; else why the search stops
-        (a probe trial's own bounds are the policy's as for any trial)."""
+        """Whether the policy's bounds leave room for another restart; else why the search
+        stops."""
         policy = self.s.project.policy
         if self.used.restarts >= policy.attribution_max_restarts:
             self.stopped = f"bound: {policy.attribution_max_restarts} restarts"
@@ -305,52 +312,67 @@ class Attribute:
         journal.step(TrialState.REVERTED, restore_detail(restore), finished_at=time.time())
         restore.raise_unless_verified()
 
-    # measured effects last: probe trials of subsets
+    # measured effects last: a two-level design over the edits
 
-    def _probe_session(self) -> Session:
-        """The session a probe runs in: a probe asks whether a subset carries the trial's
-        effect, so it may stop at "no effect" once its interval lies within half that effect
-        (never finer than the policy's own margin)."""
-        s = self.s
+    def _margin(self) -> float:
+        """No effect within half the trial's own effect (never finer than the policy's
+        margin): the design asks which edits carry that effect."""
         pct = self.trial.reasons[0].values.get("pct") if self.trial.reasons else None
-        policy = s.project.policy
-        margin = round(max(policy.equivalence_margin_pct, abs(float(pct or 0.0)) / 2), 1)
-        project = s.project.model_copy(
-            update={"policy": policy.model_copy(update={"equivalence_margin_pct": margin})}
-        )
-        return Session(project, s.target, s.engine, s.ledger, s.notify, s.progress)
+        margin = self.s.project.policy.equivalence_margin_pct
+        return round(max(margin, abs(float(pct or 0.0)) / 2), 1)
 
-    async def _search_measured(self, search: FactSearch) -> None:
-        from flagtrial.trial import Trial  # the trial imports the session's whole loop
+    def _runs_per_restart(self) -> int:
+        """As many runs after each restart as the trial's own interleaved blocks would take
+        at the restart and run times it measured (at most MAX_RUNS_PER_BLOCK)."""
+        policy, trial = self.s.project.policy, self.trial
+        ready_s = Facts.model_validate(trial.record["facts_before"]).ready_s
+        level = policy.primary_concurrency or max(self.s.project.workload.concurrency)
+        runs = [r for r in self.s.ledger.runs(trial.id) if r.concurrency == level]
+        run_s = sum(float(r.summary.get("duration_s", 0.0)) for r in runs) / max(len(runs), 1)
+        return min(runs_per_restart(policy, ready_s, run_s), MAX_RUNS_PER_BLOCK)
 
-        (effect,) = search.effects
-        probing = self._probe_session()
-        while (subset := search.next()) is not None and self._bound():
-            outcome = await Trial(probing, self._subset(subset), probe_of=self.trial.id).run()
-            self.journals.append(outcome.trial_id)
-            cost = self.probes[outcome.trial_id] = ledger_cost(self.s, outcome.trial_id)
-            self.used = Cost(
-                restarts=self.used.restarts + cost.restarts,
-                load_s=round(self.used.load_s + cost.load_s, 1),
-            )
-            finding = outcome.verdict.finding
-            shown = {f"measured:{finding}"} if f"measured:{finding}" == effect else set()
-            search.observe(subset, shown)
-            if len(subset) == 1:
-                lead = outcome.verdict.reasons[0].message
-                said = f"{lead} (trial {outcome.trial_id}, this edit alone)"
-                (i,) = subset
-                if shown:
-                    self.found.said.setdefault(effect, {})[i] = said
-                else:
-                    self.found.notes.setdefault(i, []).append(said)
-                if finding == "equivalent":
-                    self.found.equivalent.add(i)
-        self._leave(search)
-        for i in search.found[effect].alone - self.found.said.get(effect, {}).keys():
-            lead = self.trial.reasons[0].message if self.trial.reasons else describe(effect)
-            said = f"{lead} (trial {self.trial.id}: the only edit that can act)"
-            self.found.said.setdefault(effect, {})[i] = said
+    def _only_one(self, effect: str, candidates: Subset) -> None:
+        """The one edit that can act carries the trial's measured effect: no run to spend."""
+        (i,) = candidates
+        self.found.culprits.setdefault(effect, Culprits()).alone.add(i)
+        lead = self.trial.reasons[0].message if self.trial.reasons else describe(effect)
+        said = f"{lead} (trial {self.trial.id}: the only edit that can act)"
+        self.found.said.setdefault(effect, {})[i] = said
+
+    async def _measure_design(self, effect: str, candidates: Subset, spec: LaunchSpec) -> None:
+        s = self.s
+        design = Design.of(candidates)
+        factorial = Factorial(design, s.project.policy, self._margin())
+        journal = self._open_journal()
+        arms = ArmRuns(s, journal, spec, self.edits, self._runs_per_restart())
+        load_before = self.used.load_s
+        try:
+            while not factorial.done() and self._bound():
+                replicate = factorial.replicates
+                logs: dict[Subset, float] = {}
+                for k, arm in enumerate(design.order(replicate)):
+                    if not self._bound():
+                        break
+                    self.used.restarts += 1
+                    await arms.start(arm)
+                    seed = replicate * len(design.arms) + k
+                    if (value := await arms.measure(arm, replicate, seed)) is None:
+                        break  # every attempt disturbed: the next replicate starts afresh
+                    logs[arm] = value
+                if len(logs) == len(design.arms):
+                    factorial.observe(logs)
+                self.used.load_s = round(load_before + arms.load_s, 1)
+        except ServerNotReadyError as e:
+            self.stopped = f"an arm of the measured design did not start: {e}"
+        except BaseException as e:
+            await self._restore(journal, f"interrupted ({type(e).__name__})")
+            raise
+        await self._restore(journal, "measured")
+        if why := read_design(self.found, effect, factorial, s.project.policy.primary_metric):
+            self.stopped = why
+        visits = design.alone_visits(factorial.replicates)
+        per_visit = arms.load_s / max(arms.visits, 1)
+        self.alone = Cost(restarts=visits + 1, load_s=round(visits * per_visit, 1))
 
 
 async def fixed_change(s: Session, trial_id: int) -> Change:

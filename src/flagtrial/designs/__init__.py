@@ -20,22 +20,31 @@ __all__ = [
     "Phase",
     "Run",
     "choose_design",
+    "runs_per_restart",
 ]
 
 # Longest restart block worth interleaving: beyond it, blocks are too few for pairs to help.
 MAX_RUNS_PER_BLOCK = 4
 
 
+def runs_per_restart(policy: Policy, restart_s: float | None, run_s: float) -> int:
+    """The fewest runs after a restart for the restart (and its warm-up) to cost at most
+    `restart_overhead_max` of them: restart / (restart + k run) <= restart_overhead_max. An
+    unknown restart cost counts as more than MAX_RUNS_PER_BLOCK runs."""
+    if restart_s is None:
+        return MAX_RUNS_PER_BLOCK + 1
+    o = policy.restart_overhead_max
+    return max(1, math.ceil(restart_s * (1 - o) / (o * max(run_s, 1e-9))))
+
+
 def choose_design(policy: Policy, restart_s: float | None, run_s: float) -> Design:
     """Interleave when a restart (and its warm-up) costs at most `restart_overhead_max` of a
     block of at most MAX_RUNS_PER_BLOCK runs; otherwise before-after. An unknown restart
     cost counts as expensive."""
-    # Overhead of a block of k runs: restart / (restart + k run) <= restart_overhead_max.
-    o = policy.restart_overhead_max
+    k = runs_per_restart(policy, restart_s, run_s)
     if restart_s is None:
-        k, cost = MAX_RUNS_PER_BLOCK + 1, f"restart time unknown, run {run_s:.1f}s"
+        cost = f"restart time unknown, run {run_s:.1f}s"
     else:
-        k = max(1, math.ceil(restart_s * (1 - o) / (o * max(run_s, 1e-9))))
         cost = f"restart {restart_s:.1f}s, run {run_s:.1f}s"
     if policy.protocol == "before-after" or (policy.protocol == "auto" and k > MAX_RUNS_PER_BLOCK):
         return BeforeAfter(policy.runs, f"before-after ({cost})")
