@@ -298,3 +298,37 @@ def test_the_fixed_change_keeps_a_secret_value_the_ledger_shows_redacted(server:
     assert last.candidate_gen is not None
     # the candidate ran with the real value, not the marker
     assert f"HF_TOKEN={secret}" in ledger.generation(last.candidate_gen).spec_text
+
+
+def test_a_pair_that_fails_to_start_only_together_is_found_interacting(server: Server) -> None:
+    """A quantized V cache starts with flash attention on `auto` (it turns on), flash
+    attention off starts with the f16 cache; both together fail at startup ("quantized V
+    cache requires flash_attn to be enabled"). The alias takes no part: cleared."""
+    before = server.unit.read_bytes()
+    out = server.json(
+        "trial", "--set", "--alias=renamed", "--set", "--cache-type-v=q8_0",
+        "--set", "--flash-attn=off", "--attribute",
+    )  # fmt: skip
+    assert out["verdict"]["decision"] == "REVERT", out["verdict"]["reasons"]
+    attributed = out["attribution"]
+    found = by_edit(attributed)
+    assert found["set --cache-type-v"] == (
+        "interacting",
+        ["the server does not start only together with edit(s) 3"],
+    )
+    assert found["set --flash-attn"] == (
+        "interacting",
+        ["the server does not start only together with edit(s) 2"],
+    )
+    assert found["set --alias"][0] == "unresolved"  # no part in it; its speed not measured
+    # {alias}, {ctv}, {fa} alone start; {ctv, fa} does not: 4 starts and the restore
+    assert attributed["used"]["restarts"] == 5
+    (journal,) = attributed["journals"]
+    facts = [e.detail for e in server.ledger().events(journal) if e.state == "facts"]
+    assert facts == ["edits 1: no effect", "edits 2: no effect", "edits 3: no effect"], facts
+    assert server.unit.read_bytes() == before
+    # the fixed change leaves both out
+    tried = server.cli("trial", "--from-attribution", str(out["trial_id"]))
+    assert tried.returncode in (0, 10, 11), tried.stdout + tried.stderr
+    last = server.ledger().trials()[-1]
+    assert last.change == {"edits": [{"op": "set", "name": "--alias", "value": "renamed"}]}

@@ -10,10 +10,15 @@ from flagtrial.attribution.search import FactSearch, Subset
 
 
 def drive(
-    n: int, shows: Callable[[Subset], set[str]], candidates: Subset | None = None
+    n: int,
+    shows: Callable[[Subset], set[str]],
+    candidates: Subset | None = None,
+    among: dict[str, Subset] | None = None,
 ) -> FactSearch:
     everything = frozenset(range(n))
-    search = FactSearch(shows(everything), candidates if candidates is not None else everything)
+    search = FactSearch(
+        shows(everything), candidates if candidates is not None else everything, among or {}
+    )
     while (subset := search.next()) is not None:
         search.observe(subset, shows(subset))
     return search
@@ -56,15 +61,51 @@ def test_two_effects_from_two_edits_share_the_reads() -> None:
 
 def test_with_as_many_effects_as_edits_no_edit_alone_is_an_interaction() -> None:
     search = drive(3, lambda s: {"a", "b"} if {0, 2} <= s else set())
-    assert len(search.seen) == 3
-    assert search.found["a"].together == [frozenset({0, 1, 2})]
+    # each alone shows nothing; then each edit left out in turn: {1, 2} does not show it (0
+    # is needed), {0, 2} does (1 is not), {0} was read already (2 is needed)
+    assert list(search.seen) == [
+        frozenset({0}), frozenset({1}), frozenset({2}), frozenset({1, 2}), frozenset({0, 2})
+    ]  # fmt: skip
+    assert search.found["a"].together == search.found["b"].together == [frozenset({0, 2})]
     assert search.found["b"].alone == set()
 
 
 def test_an_effect_only_two_edits_make_together_is_an_interaction() -> None:
     search = drive(4, lambda s: {"capacity"} if {1, 2} <= s else set())
     culprits = search.found["capacity"]
-    assert culprits.alone == set() and culprits.together == [frozenset({0, 1, 2, 3})]
+    # narrowed to the pair: the edits that do not take part are not named
+    assert culprits.alone == set() and culprits.together == [frozenset({1, 2})]
+    # halving: {0,1} and {2} and {3} show nothing; then each edit left out of the whole in
+    # turn, {2,3} known not to show it as the rest of {2} and {3} is not: read
+    assert list(search.seen) == [
+        frozenset({0, 1}), frozenset({2}), frozenset({3}), frozenset({1, 2, 3}),
+        frozenset({2, 3}), frozenset({1, 3}), frozenset({1, 2}),
+    ]  # fmt: skip
+
+
+def test_a_pair_in_one_half_is_narrowed_with_the_reads_made() -> None:
+    search = drive(4, lambda s: {"start:fails"} if {0, 1} <= s else set())
+    assert search.found["start:fails"].together == [frozenset({0, 1})]
+    assert list(search.seen) == [
+        frozenset({0, 1}), frozenset({2, 3}), frozenset({0}), frozenset({1})
+    ]  # fmt: skip
+
+
+def test_an_effect_is_searched_among_its_own_edits_only() -> None:
+    """Only edits 1 and 2 can move the setting (the engine's own resolution of each): its
+    search leaves 0 and 3 out, in fewer reads; a capacity effect of edit 0 is still searched
+    among all four."""
+    setting = drive(4, lambda s: {"setting:x"} if 2 in s else set(),
+                    among={"setting:x": frozenset({1, 2})})  # fmt: skip
+    assert setting.found["setting:x"].alone == {2}
+    assert list(setting.seen) == [frozenset({1}), frozenset({2})]
+    assert len(drive(4, lambda s: {"setting:x"} if 2 in s else set()).seen) == 3
+
+    def shows(s: Subset) -> set[str]:
+        return ({"setting:x"} if 2 in s else set()) | ({"capacity"} if 0 in s else set())
+
+    both = drive(4, shows, among={"setting:x": frozenset({1, 2})})
+    assert (both.found["setting:x"].alone, both.found["capacity"].alone) == ({2}, {0})
 
 
 def test_two_culprits_of_one_effect_are_both_found() -> None:

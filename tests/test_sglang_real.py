@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -250,3 +251,81 @@ def _state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+def _attributed_trial(
+    tmp_path: Path, sglang_bin: Path, sglang_model: Path, *args: str
+) -> dict[str, Any]:
+    """`flagtrial trial ... --attribute --json` on a real SGLang server of its own."""
+    project = write_sglang_project(
+        tmp_path, sglang_bin, sglang_model, free_port(), "--max-running-requests", "8",
+        policy="runs = 2\nmax_runs = 4\n",
+    )  # fmt: skip
+    unit = tmp_path / "sglang.service"
+    target = make_target(load_project(project))
+    try:
+        result = cli(project, "trial", *args, "--attribute", "--json", timeout=1200)
+        assert result.returncode in (0, 10, 11), result.stdout + result.stderr
+        out: dict[str, Any] = json.loads(result.stdout)
+    finally:
+        asyncio.run(target.stop())  # type: ignore[attr-defined]
+    assert "--watchdog-timeout" not in unit.read_text() or out["outcome"] == "kept"
+    return out
+
+
+@pytest.mark.slow
+def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
+    tmp_path: Path, sglang_bin: Path, sglang_model: Path
+) -> None:
+    """SGLang sizes its static memory from the chunked-prefill size
+    (srt/arg_groups/memory_hook.py `_handle_gpu_memory_settings`): `--chunked-prefill-size
+    1024` moves mem_fraction_static unasked, as the trial's resolution predicted and the
+    server reports. The known-good with each edit alone, resolved by the engine: only that
+    edit moves it, so no restart is spent to find it (a search by restarts would start each
+    edit alone and restore the known-good: 3 starts)."""
+    out = _attributed_trial(
+        tmp_path, sglang_bin, sglang_model,
+        "--set", "--watchdog-timeout=400", "--set", "--chunked-prefill-size=1024",
+    )  # fmt: skip
+    assert "mem_fraction_static" in {c["name"] for c in out["diff"]["implicit"]}, out["diff"]
+    # no measured effect to attribute (it would be measured by restarts of its own)
+    assert out["verdict"]["finding"] not in ("harm", "gain"), out["verdict"]
+    attributed = out["attribution"]
+    assert attributed["used"]["restarts"] == 0 and attributed["journals"] == []
+    assert attributed["resolutions"] == 3  # the known-good, and each edit alone
+    watchdog, chunk = attributed["edits"]
+    assert any(
+        e.startswith(
+            "the engine's own resolution of the known-good with only this edit: "
+            "mem_fraction_static 0."
+        )
+        for e in chunk["evidence"]
+    ), chunk
+    assert not any("mem_fraction_static" in e for e in watchdog["evidence"]), watchdog
+    assert watchdog["outcome"] in ("useless", "unresolved")
+
+
+@pytest.mark.slow
+def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_restart(
+    tmp_path: Path, sglang_bin: Path, sglang_model: Path
+) -> None:
+    """Deterministic inference needs an attention backend the CPU platform does not run:
+    SGLang's resolution raises, the forced candidate does not start. Resolved alone on the
+    known-good, only that edit raises: harmful, no restart spent (a search by restarts would
+    start each edit alone and restore: 3 starts); the other edit is left."""
+    out = _attributed_trial(
+        tmp_path, sglang_bin, sglang_model,
+        "--set", "--watchdog-timeout=400", "--add", "--enable-deterministic-inference",
+        "--force",
+    )  # fmt: skip
+    assert out["verdict"]["decision"] == "REVERT"
+    attributed = out["attribution"]
+    assert attributed["used"]["restarts"] == 0 and attributed["resolutions"] == 3
+    watchdog, deterministic = attributed["edits"]
+    assert deterministic["outcome"] == "harmful"
+    (said,) = deterministic["evidence"]
+    assert said.startswith(
+        "fails at startup per the engine's own resolution: ValueError: Currently only "
+    ), said
+    assert "(sglang/srt/arg_groups/overrides.py:" in said
+    assert watchdog["outcome"] == "unresolved"

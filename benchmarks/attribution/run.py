@@ -11,14 +11,21 @@ context, 512-token batches, a tiny generated model, 200-word prompts):
   --alias bench       useless: a label the server only reports back
   --timeout 700       useless: the HTTP read/write timeout
   --cont-batching     useless: llama-server's default (its --help), settled without a restart
+  --cache-type-v q8_0 and --flash-attn off
+                      interacting: each alone starts (a quantized V cache turns flash
+                      attention's `auto` on); together the server refuses to start ("quantized
+                      V cache requires flash_attn to be enabled"). On the small model: the
+                      tiny one's 16-wide heads take no 32-wide quantized block.
 The first nine cases were written down before the first run and not changed after it; the
-two with the beneficial edit were added after it. Runs are counted
+two with the beneficial edit were added after it, the two with the interacting pair later
+(run alone: `--case N`, the rows merged into the results). Runs are counted
 even when other work shares the cores (set_aside_disturbed = false): this 2-core machine is
 never idle while it runs.
 
     PYTHONPATH=src .venv/bin/python benchmarks/attribution/run.py
 Writes results.json and results.md next to this file (`--table`: results.md again from
-results.json).
+results.json; `--case N ...`: only those cases, by their index in CASES, their rows merged
+into the results).
 """
 
 from __future__ import annotations
@@ -51,7 +58,10 @@ POOL: dict[str, tuple[Edit, str]] = {
     "alias": (Edit(op="set", name="--alias", value="bench"), "useless"),
     "timeout": (Edit(op="set", name="--timeout", value="700"), "useless"),
     "cb": (Edit(op="add", name="--cont-batching"), "useless"),
+    "ctvq8": (Edit(op="set", name="--cache-type-v", value="q8_0"), "interacting"),
+    "faoff": (Edit(op="set", name="--flash-attn", value="off"), "interacting"),
 }
+SMALL_MODEL = {"ctvq8"}  # edits the tiny model cannot start with
 CASES = [
     ["cb", "np4"],  # the demo's shape: settled without a restart
     ["alias", "np4"],
@@ -65,6 +75,9 @@ CASES = [
     # added after the first run: a beneficial edit
     ["alias", "ctx16384"],
     ["timeout", "ctx16384", "np4"],
+    # added later: the interacting pair
+    ["ctvq8", "alias", "faoff"],
+    ["alias", "ctvq8", "timeout", "faoff"],
 ]
 PROJECT = """unit = "llama.service"
 endpoint = "http://127.0.0.1:{port}"
@@ -84,9 +97,10 @@ set_aside_disturbed = false
 """
 
 
-def prepare(root: Path) -> Path:
+def prepare(root: Path, names: list[str]) -> Path:
     port = free_port()
-    model = generate_model(cache_root() / "models" / "tiny.gguf", size="tiny", seed=1)
+    size = "small" if SMALL_MODEL & set(names) else "tiny"
+    model = generate_model(cache_root() / "models" / f"{size}.gguf", size=size, seed=1)
     unit = root / "llama.service"
     write_unit(unit, llama_server_path(), model, port)
     unit.write_text(unit.read_text().replace("--threads 1", "--threads 1 -b 512 -ub 512"))
@@ -113,14 +127,14 @@ async def one_case(project: Path, names: list[str]) -> dict[str, Any]:
         await session.close()
     found = {n: v.outcome for n, v in zip(names, attributed.edits, strict=True)}
     expected = {n: POOL[n][1] for n in names}
-    culprits = {n for n in names if expected[n] == "harmful"}
+    culprits = {n for n in names if expected[n] in ("harmful", "interacting")}
     effective = {n for n in names if expected[n] != "useless"}
     return {
         "edits": names,
         "verdict": outcome.verdict.decision,
         "expected": expected,
         "found": found,
-        "culprits_found": sorted(n for n in culprits if found[n] == "harmful"),
+        "culprits_found": sorted(n for n in culprits if found[n] == expected[n]),
         # not found, but not cleared either: what it does was never measured
         "culprits_unresolved": sorted(n for n in culprits if found[n] == "unresolved"),
         # an edit given an effect it does not have, or a culprit cleared
@@ -154,13 +168,16 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {used['restarts']} ({naive['restarts']}) | {used['load_s']:g} "
             f"({naive['load_s']:g}) | {r['stopped'] or '-'} |"
         )
-    culprits = sum(1 for r in results for n in r["edits"] if r["expected"][n] == "harmful")
+    culprits = sum(
+        1 for r in results for n in r["edits"] if r["expected"][n] in ("harmful", "interacting")
+    )
     found = sum(len(r["culprits_found"]) for r in results)
     unresolved = sum(len(r["culprits_unresolved"]) for r in results)
     wrong = sum(len(r["wrong"]) for r in results)
     lines.append("")
     lines.append(
-        f"culprits found {found} of {culprits} ({unresolved} left unresolved: not measured, "
+        f"culprits (harmful or interacting) found {found} of {culprits} ({unresolved} left "
+        "unresolved: not measured, "
         "or the bound stopped the search first); "
         f"wrong outcomes {wrong}; restarts "
         f"{sum(r['used']['restarts'] for r in results)} against "
@@ -178,13 +195,20 @@ def main() -> None:
         cases = json.loads((HERE / "results.json").read_text())["cases"]
         (HERE / "results.md").write_text(table(cases))
         return
+    chosen = [int(i) for i in sys.argv[2:]] if sys.argv[1:2] == ["--case"] else None
     results = []
-    for names in CASES:
+    for names in CASES if chosen is None else [CASES[i] for i in chosen]:
         with tempfile.TemporaryDirectory() as tmp:
-            project = prepare(Path(tmp))
+            project = prepare(Path(tmp), names)
             results.append(asyncio.run(one_case(project, names)))
             print(json.dumps(results[-1], default=sorted), flush=True)
     machine = {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+    if chosen is not None:  # merged: each case's row where it stands in CASES
+        kept = json.loads((HERE / "results.json").read_text())
+        rows = {tuple(r["edits"]): r for r in kept["cases"]}
+        rows.update({tuple(r["edits"]): {**r, "machine": machine} for r in results})
+        results = [rows[tuple(c)] for c in CASES if tuple(c) in rows]
+        machine = kept["machine"]
     (HERE / "results.json").write_text(
         json.dumps({"machine": machine, "cases": results}, indent=1, default=sorted) + "\n"
     )

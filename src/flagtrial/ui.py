@@ -266,8 +266,9 @@ def show_attribution(a: Attribution) -> None:
     console.print(table)
     used, naive = a.used, a.one_at_a_time
     console.print(
-        f"spent {used.restarts} restarts and {used.load_s:g} s of load; one edit at a time: "
-        f"{naive.restarts} restarts and {naive.load_s:g} s of load"
+        f"spent {used.restarts} restarts and {used.load_s:g} s of load"
+        + (f" ({a.resolutions} engine resolutions)" if a.resolutions else "")
+        + f"; one edit at a time: {naive.restarts} restarts and {naive.load_s:g} s of load"
     )
     if a.stopped:
         console.print(f"[yellow]stopped early[/yellow]: {a.stopped}")

@@ -15,6 +15,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from flagtrial.attribution import resolution
 from flagtrial.attribution.effects import FAILS_TO_START, describe, fact_effects, trial_effects
 from flagtrial.attribution.evidence import inert
 from flagtrial.attribution.factorial import Design, Factorial
@@ -41,19 +42,32 @@ Settled = dict[int, tuple[EditOutcome, str]]
 
 
 def settled_without_restart(
-    trial: TrialRow, edits: list[Edit], argv: list[str], schema: FlagSchema, failed: bool
+    trial: TrialRow,
+    edits: list[Edit],
+    argv: list[str],
+    schema: FlagSchema,
+    failed: bool,
+    resolved: bool = False,
 ) -> Settled:
     """Edits whose outcome is known before any restart: inert by the engine's --help, or,
     where the candidate did not start (`failed`), a startup failure by the gate analysis the
-    trial recorded. A NO-OP by the source is not settled: a kernel that never runs may still
-    take memory (the seed's fusion workspace cost capacity 48 -> 26), so its edit is searched
-    like any other, its finding kept as evidence (`source_no_ops`)."""
+    trial recorded; where each edit is `resolved` alone (attribution/resolution.py), not the
+    FAILS the gates took from the whole candidate's resolution (every edit of the command the
+    engine refuses: each edit's own resolution says which). A NO-OP by the source is not
+    settled: a kernel that never runs may still take memory (the seed's fusion workspace cost
+    capacity 48 -> 26), so its edit is searched like any other, its finding kept as evidence
+    (`source_no_ops`)."""
     settled: Settled = {}
     gates = _gates(trial)
     for i, edit in enumerate(edits):
         if edit.name.startswith("-") and (why := inert(edit, argv, schema)) is not None:
             settled[i] = ("useless", why)
-        elif failed and (g := gates.get(edit.name)) and g["outcome"] == Outcome.FAILS:
+        elif (
+            failed
+            and (g := gates.get(edit.name))
+            and g["outcome"] == Outcome.FAILS
+            and not (resolved and g["evidence"] and g["evidence"][0]["role"] == "raise")
+        ):
             settled[i] = ("harmful", f"{Outcome.FAILS} by the engine's source: {g['reason']}")
     return settled
 
@@ -105,6 +119,7 @@ class Attribute:
         self.journals: list[int] = []
         self.alone: Cost | None = None  # one edit at a time, for the measured design's widths
         self.stopped: str | None = None
+        self.resolutions = 0  # the engine's own resolutions run (attribution/resolution.py)
         self.began = time.monotonic()
         self.restore_to = self.trial.baseline_gen  # the known-good that serves, once read
 
@@ -127,16 +142,23 @@ class Attribute:
             )
         failed = FAILS_TO_START in facts
         args = spec.argv[spec.program_words :]
-        settled = settled_without_restart(trial, self.edits, args, schema, failed)
+        each = await resolution.known_good(s, spec, trial, facts, failed)
+        settled = settled_without_restart(trial, self.edits, args, schema, failed, each is not None)
+        among: dict[str, Subset] = {}
+        if each is not None:
+            among = await resolution.before_restarts(
+                s, spec, each, trial, self.edits, facts, settled, self.found, failed
+            )
+            self.resolutions = each.spent
         candidates = frozenset(range(len(self.edits))) - settled.keys()
         if any(outcome == "harmful" for outcome, _ in settled.values()):
-            facts.discard(FAILS_TO_START)  # the source names what fails: no start to spend
+            facts.discard(FAILS_TO_START)  # the source or resolution names it: no start to spend
         for i, finding in source_no_ops(trial, self.edits).items():
             self.found.notes.setdefault(i, []).append(finding)
             self.found.equivalent.add(i)
         if (trial.record.get("verdict") or {}).get("finding") == "equivalent":
             self.found.equivalent |= candidates
-        await self._search_facts(FactSearch(facts, candidates), spec, facts_before)
+        await self._search_facts(FactSearch(facts, candidates, among), spec, facts_before)
         if measured is not None and len(candidates) == 1:
             self._only_one(measured, candidates)
         elif measured is not None and good.id == trial.baseline_gen:
@@ -156,6 +178,7 @@ class Attribute:
             one_at_a_time=self._one_at_a_time(measured is not None),
             journals=self.journals,
             stopped=self.stopped,
+            resolutions=self.resolutions,
         )
         s.ledger.record_attribution(trial.id, result.model_dump(mode="json"))
         return result

@@ -40,6 +40,7 @@ class Attribution(BaseModel):
     one_at_a_time: Cost  # the same questions asked of each edit alone
     journals: list[int]  # the trials that journaled its restarts
     stopped: str | None  # why a search stopped before its end
+    resolutions: int = 0  # the engine's own resolutions run, no restart each
 
     def fixed(self) -> Change | None:
         """The change without its harmful and interacting edits, to try (None when none is
