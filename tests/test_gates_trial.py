@@ -179,7 +179,8 @@ def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(
     the source, yet its workspace costs KV memory; a NO-OP is therefore searched like any
     edit, and the facts of each flag alone find it. What is left to try is the seed
     engineer's final state: the fused MoE sum alone."""
-    from flagtrial.attribution.attribute import Attribute, fixed_change
+    from flagtrial.attribution.attribute import Attribute
+    from flagtrial.attribution.fixed import fixed_change
 
     project = project_for(tmp_path, monkeypatch, SGLANG_OLD)
     update_project_file(project, policy={"capacity_guard": "revert"})

@@ -259,7 +259,8 @@ def _attributed_trial(
     """`flagtrial trial ... --attribute --json` on a real SGLang server of its own."""
     project = write_sglang_project(
         tmp_path, sglang_bin, sglang_model, free_port(), "--max-running-requests", "8",
-        policy="runs = 2\nmax_runs = 4\n",
+        # the candidate's start and one block are all these tests need of the measurement
+        policy="runs = 2\nmax_runs = 4\nmax_seconds = 30\n",
     )  # fmt: skip
     unit = tmp_path / "sglang.service"
     target = make_target(load_project(project))
@@ -274,6 +275,7 @@ def _attributed_trial(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two real SGLang starts on CPU, or more
 def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
     tmp_path: Path, sglang_bin: Path, sglang_model: Path
 ) -> None:
@@ -306,6 +308,7 @@ def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two real SGLang starts on CPU, or more
 def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_restart(
     tmp_path: Path, sglang_bin: Path, sglang_model: Path
 ) -> None:

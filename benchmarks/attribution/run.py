@@ -70,7 +70,7 @@ CASES = [
     ["alias", "np4", "timeout", "ctx4096"],
     ["timeout", "alias", "cb", "np4", "ctx4096"],
     ["alias", "timeout", "cb", "np4", "ctx4096", "ub16"],
-    ["alias", "ub16"],  # measured: probe trials
+    ["alias", "ub16"],  # measured: the two-level design
     ["alias", "timeout", "cb", "ub16"],
     # added after the first run: a beneficial edit
     ["alias", "ctx16384"],
@@ -78,6 +78,8 @@ CASES = [
     # added later: the interacting pair
     ["ctvq8", "alias", "faoff"],
     ["alias", "ctvq8", "timeout", "faoff"],
+    # added with the measured design: three edits measured, a half fraction
+    ["alias", "timeout", "ub16"],
 ]
 PROJECT = """unit = "llama.service"
 endpoint = "http://127.0.0.1:{port}"

@@ -102,11 +102,12 @@ def trial(
 
     async def body() -> int:
         from flagtrial.attribution import attribute as attribution
+        from flagtrial.attribution.fixed import fixed_change
 
         async with open_session(
             project, accept_new_host_key=accept_new, json_out=json_out
         ) as session:
-            tried = change or await attribution.fixed_change(session, from_attribution or 0)
+            tried = change or await fixed_change(session, from_attribution or 0)
             ui.secrets.learn_change(tried.edits)
             async with session.target.lock("flagtrial trial"):
                 outcome = await Trial(session, tried, force=force).run()
