@@ -316,6 +316,24 @@ def test_a_client_starved_of_cpu_sets_every_run_aside_and_the_trial_says_so(
     assert not any(state == "installing" for state, _ in events)
 
 
+def test_facts_wait_for_a_log_that_trails_readiness(
+    project: Project, llama_server_bin: Path, tmp_path: Path
+) -> None:
+    """llama.cpp writes its log from a worker thread: on a busy machine /health can answer
+    before the startup lines are written. A server whose log reaches its file 3 s late
+    (piped through a delay) still has its slots and KV cells read from that log."""
+    late = tmp_path / "bin" / "llama-server"
+    late.parent.mkdir()
+    late.write_text(f'#!/bin/bash\n"{llama_server_bin}" "$@" 2>&1 | {{ sleep 3; exec cat; }}\n')
+    late.chmod(0o755)
+    project.unit.write_text(project.unit.read_text().replace(str(llama_server_bin), str(late)))
+    read = project.cli("facts", "--json")
+    assert read.returncode == 0, read.stderr
+    facts = json.loads(read.stdout)["facts"]
+    assert facts["settings"]["n_slots"] == 8 and facts["settings"]["n_ctx_slot"] == 1024
+    assert "kv_tokens" in facts["capacity"], facts["capacity"]
+
+
 def test_unknown_flag_fails_before_anything_changes(project: Project) -> None:
     before = project.unit.read_text()
     result = project.cli("trial", "--add", "--paralel=4")

@@ -4,6 +4,7 @@ change against the engine's own flags, restore a generation, recover an unfinish
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +14,14 @@ import httpx
 from pydantic import BaseModel
 
 from flagtrial.engines import make_engine
-from flagtrial.engines.base import Engine, ProgressFn, ResolvesDefaults, ValueChecker, wait_ready
+from flagtrial.engines.base import (
+    Engine,
+    LogsLate,
+    ProgressFn,
+    ResolvesDefaults,
+    ValueChecker,
+    wait_ready,
+)
 from flagtrial.engines.flag_table import check_candidate
 from flagtrial.errors import ChangeError, FlagtrialError, LockHeldError, RollbackError
 from flagtrial.facts import Facts, diff_facts, request_tokens
@@ -34,6 +42,11 @@ from flagtrial.states import TrialState
 from flagtrial.targets import make_target
 from flagtrial.targets.base import Target
 from flagtrial.targets.holder import held_message
+
+# How long a start's log may trail its readiness (engines.base.LogsLate) before its facts
+# are read from what there is.
+LOG_LAG_MAX_S = 10.0
+
 
 Notify = Callable[[str, str], None]
 
@@ -131,10 +144,14 @@ class Session:
         )
         took = time.monotonic() - began
         self.notify("ready", f"server ready in {took:.1f}s")
+        log = await self.target.logs_since(mark)
+        if isinstance(self.engine, LogsLate):
+            deadline = time.monotonic() + LOG_LAG_MAX_S
+            while not self.engine.startup_logged(log) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                log = await self.target.logs_since(mark)
         async with httpx.AsyncClient(timeout=10.0) as client:
-            facts = await self.engine.facts(
-                client, self.project.endpoint, await self.target.logs_since(mark)
-            )
+            facts = await self.engine.facts(client, self.project.endpoint, log)
         if isinstance(self.engine, ResolvesDefaults):
             program = (await self.target.read_spec()).program
             facts = await self.engine.with_defaults(self.target, program, facts)

@@ -183,6 +183,17 @@ class ResolvesDefaults(Protocol):
         ...
 
 
+@runtime_checkable
+class LogsLate(Protocol):
+    """An engine whose log can trail its readiness: llama.cpp writes its log from a worker
+    thread, so on a busy machine /health may answer before the startup lines the facts read
+    are written."""
+
+    def startup_logged(self, log: str) -> bool:
+        """Whether `log` holds the end of the start (every line the facts read)."""
+        ...
+
+
 async def wait_ready(
     engine: Engine,
     target: Target,

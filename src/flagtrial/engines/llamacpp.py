@@ -185,6 +185,11 @@ class LlamaCppEngine:
             limits=limits,
         )
 
+    def startup_logged(self, log: str) -> bool:
+        # the slots line, or for builds that never print it, the last line of a start
+        ready = START_PHASES[-1].marker
+        return SLOTS_LINE.search(log) is not None or ready.search(log) is not None
+
     def crash_reason(self, log: str) -> str | None:
         lines = log.splitlines()
         for pattern in CRASH_LINES:
