@@ -183,3 +183,25 @@ def test_malformed_project_file(tmp_path: Path, text: str, message: str) -> None
 def test_missing_project_file(tmp_path: Path) -> None:
     with pytest.raises(ProjectError, match="flagtrial init"):
         load_project(tmp_path / "flagtrial.toml")
+
+
+def test_history_names_the_target_of_each_trial_once_there_are_several(tmp_path: Path) -> None:
+    """A fleet shares one ledger: its history says which host each trial ran on."""
+    from rich.console import Console
+
+    from flagtrial.ui import history_table
+
+    ledger = Ledger(tmp_path / "l.db")
+
+    def shown() -> str:
+        console = Console(width=200, record=True)
+        console.print(history_table(ledger.trials(), ledger.generations()))
+        return console.export_text()
+
+    one = ledger.record_generation("ssh://root@ft-41/llama.service", "spec")
+    ledger.start_trial("ssh://root@ft-41/llama.service", {"edits": []}, one.id)
+    assert "target" not in shown()  # one host: no column for it
+    two = ledger.record_generation("ssh://root@ft-42/llama.service", "spec")
+    ledger.start_trial("ssh://root@ft-42/llama.service", {"edits": []}, two.id)
+    text = shown()
+    assert "target" in text and "ft-41" in text and "ft-42" in text

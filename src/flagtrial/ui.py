@@ -282,13 +282,17 @@ def show_attribution(a: Attribution) -> None:
 
 def history_table(trials: list[TrialRow], generations: list[Generation]) -> Table:
     table = Table(title="trials", title_justify="left")
-    for col in ("trial", "started", "change", "gens", "state", "verdict", "first reason"):
+    # a ledger a fleet shares holds every host's trials: say whose each is
+    hosts = len({t.target for t in trials}) > 1
+    columns = ("trial", "started", *(("target",) if hosts else ()), "change", "gens", "state")
+    for col in (*columns, "verdict", "first reason"):
         table.add_column(col)
     for t in trials:
         change = "; ".join(_edit(e) for e in t.change.get("edits", []))
         table.add_row(
             str(t.id),
             time.strftime("%F %T", time.localtime(t.started_at)),
+            *((t.target,) if hosts else ()),
             change,
             f"{t.baseline_gen} -> {t.candidate_gen or '-'}",
             t.state + part_of(t),
