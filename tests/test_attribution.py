@@ -227,6 +227,22 @@ def test_a_measured_harm_is_attributed_by_the_measured_design(
     assert server.unit.read_bytes() == before
 
 
+def test_a_design_its_bound_stops_before_a_replicate_leaves_the_edits_unresolved(
+    server: Server, small_model: Path, tiny_model: Path
+) -> None:
+    before = slow_prefill_server(server, small_model, tiny_model)
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
+    assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
+    update_project_file(server.file, policy={"attribution_max_restarts": 2})
+    attributed = server.json("attribute", str(out["trial_id"]))
+    assert attributed["stopped"] == "bound: 2 restarts"
+    assert attributed["used"]["restarts"] == 3  # two arms of the first replicate, the restore
+    for verdict in attributed["edits"]:
+        assert verdict["outcome"] == "unresolved"
+        assert any("0 replicates of the design done" in e for e in verdict["evidence"])
+    assert server.unit.read_bytes() == before
+
+
 def test_killed_mid_design_recovers_to_the_known_good(
     server: Server, small_model: Path, tiny_model: Path
 ) -> None:

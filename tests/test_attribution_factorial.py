@@ -105,3 +105,10 @@ def test_one_edit_at_a_time_at_the_same_runs_is_wider() -> None:
         mains.append(design.contrasts(logs)[0][0])
         alone.append(logs[frozenset({0})] - logs[frozenset()])
     assert np.std(mains) / np.std(alone) == pytest.approx(1 / math.sqrt(2), rel=0.05)
+
+
+def test_before_any_replicate_every_edit_is_undecided() -> None:
+    """A bound or a start that failed may stop the design before its first replicate."""
+    factorial = Factorial(Design.of(frozenset({0, 1})), POLICY, margin_pct=5.0)
+    assert [f for _, f in factorial.effects()] == [None, None]
+    assert factorial.interaction() is None and not factorial.done()

@@ -133,7 +133,9 @@ class Factorial:
 
     def effects(self) -> list[tuple[stats.Interval, Finding | None]]:
         """Per edit (in `design.edits` order), its main effect's interval and finding."""
-        by_edit = [list(col) for col in zip(*self.mains, strict=True)] if self.mains else []
+        by_edit = [list(col) for col in zip(*self.mains, strict=True)]
+        if not by_edit:  # no replicate finished: nothing measured yet
+            by_edit = [[] for _ in self.design.edits]
         return [(iv, self._classify(iv)) for iv in map(self._interval, by_edit)]
 
     def interaction(self) -> stats.Interval | None:

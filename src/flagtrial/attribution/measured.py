@@ -101,6 +101,8 @@ class ArmRuns:
 
 def _shown(interval: stats.Interval, metric: str, replicates: int) -> str:
     est, lo, hi = interval.pct
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"no interval yet for its main effect: {replicates} replicates of the design done"
     return (
         f"{METRICS[metric][0]} {est:+.1f} % [{lo:+.1f}, {hi:+.1f}] as this edit's main effect "
         f"over {replicates} replicates of the design"
