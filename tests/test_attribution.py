@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,7 +187,9 @@ def slow_prefill_server(server: Server, small_model: Path, tiny_model: Path) -> 
     update_project_file(
         server.file,
         workload={"prompt_words": 200, "max_tokens": 8},
-        policy={"max_seconds": 90, "attribution_max_seconds": 300},
+        # runs count though other work shares the cores: the design's first replicate takes
+        # the trial's last blocks, which must not have been set aside
+        policy={"max_seconds": 90, "attribution_max_seconds": 300, "set_aside_disturbed": False},
     )
     return server.unit.read_bytes()
 
@@ -215,10 +218,13 @@ def test_a_measured_harm_is_attributed_by_the_measured_design(
     ledger = server.ledger()
     row = ledger.trial(journal)
     assert row.record["attribution_of"] == out["trial_id"] and row.state == "reverted"
-    arms = {r.arm for r in ledger.runs(journal)}
-    assert arms == {"known-good", "edits 1", "edits 2", "edits 1, 2"}
     runs = ledger.runs(journal)
-    assert attributed["used"]["restarts"] >= 2 * 4 + 1  # two replicates at least, the restore
+    assert {r.arm for r in runs} == {"known-good", "edits 1", "edits 2", "edits 1, 2"}
+    # the first replicate takes the known-good and the whole change from the trial's last
+    # blocks: only each edit alone is started for it
+    assert {r.arm for r in runs if r.block == 0} == {"edits 1", "edits 2"}
+    (replicates,) = {int(m) for e in evidence for m in re.findall(r"over (\d+) replicates", e)}
+    assert attributed["used"]["restarts"] == 4 * replicates - 2 + 1  # and the restore
     assert attributed["used"]["load_s"] == pytest.approx(
         sum(r.summary["duration_s"] for r in runs), abs=0.2
     )
@@ -233,10 +239,12 @@ def test_a_design_its_bound_stops_before_a_replicate_leaves_the_edits_unresolved
     before = slow_prefill_server(server, small_model, tiny_model)
     out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
     assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
-    update_project_file(server.file, policy={"attribution_max_restarts": 2})
+    # one start: the first replicate needs two at least (each edit alone; the known-good and
+    # the whole change may come from the trial's last blocks)
+    update_project_file(server.file, policy={"attribution_max_restarts": 1})
     attributed = server.json("attribute", str(out["trial_id"]))
-    assert attributed["stopped"] == "bound: 2 restarts"
-    assert attributed["used"]["restarts"] == 3  # two arms of the first replicate, the restore
+    assert attributed["stopped"] == "bound: 1 restarts"
+    assert attributed["used"]["restarts"] == 2  # one arm, and the restore
     for verdict in attributed["edits"]:
         assert verdict["outcome"] == "unresolved"
         assert any("0 replicates of the design done" in e for e in verdict["evidence"])

@@ -19,7 +19,7 @@ from flagtrial.attribution import resolution
 from flagtrial.attribution.effects import FAILS_TO_START, describe, fact_effects, trial_effects
 from flagtrial.attribution.evidence import inert
 from flagtrial.attribution.factorial import Design, Factorial
-from flagtrial.attribution.measured import ArmRuns, read_design
+from flagtrial.attribution.measured import ArmRuns, read_design, reused_arms
 from flagtrial.attribution.outcome import Attribution, Cost, EditOutcome, Found, judge
 from flagtrial.attribution.search import Culprits, FactSearch, Subset
 from flagtrial.designs import MAX_RUNS_PER_BLOCK, runs_per_restart
@@ -345,11 +345,14 @@ class Attribute:
         journal = self._open_journal()
         arms = ArmRuns(s, journal, spec, self.edits, self._runs_per_restart())
         load_before = self.used.load_s
+        reused = reused_arms(s, self.trial, design)
         try:
             while not factorial.done() and self._bound():
                 replicate = factorial.replicates
-                logs: dict[Subset, float] = {}
+                logs: dict[Subset, float] = dict(reused) if replicate == 0 else {}
                 for k, arm in enumerate(design.order(replicate)):
+                    if arm in logs:
+                        continue
                     if not self._bound():
                         break
                     self.used.restarts += 1

@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 from flagtrial import stats
-from flagtrial.attribution.factorial import Factorial
+from flagtrial.attribution.factorial import Design, Factorial
 from flagtrial.attribution.outcome import Found
 from flagtrial.attribution.search import Culprits, Subset
 from flagtrial.blocks import checked_run
@@ -18,7 +18,9 @@ from flagtrial.hygiene import sample_target
 from flagtrial.judge import metric_values
 from flagtrial.launch.change import Change, Edit
 from flagtrial.launch.spec import LaunchSpec
+from flagtrial.load.summary import RunSummary
 from flagtrial.plan import Journal
+from flagtrial.records import TrialRow
 from flagtrial.session import Session
 from flagtrial.states import TrialState
 
@@ -97,6 +99,30 @@ class ArmRuns:
             if len(logs) == self.runs:
                 return sum(logs) / len(logs)
         return None
+
+
+def reused_arms(s: Session, trial: TrialRow, design: Design) -> dict[Subset, float]:
+    """The first replicate's known-good and whole change, taken from the last block of each
+    arm the trial itself ran (interleaved: restart blocks as long as the design's visits):
+    no restart or load spent on them. The design's whole change is the trial's candidate but
+    for edits settled as doing nothing. Not for goodput, whose runs' records are not kept."""
+    policy = s.project.policy
+    kind = (trial.record.get("design") or {}).get("kind")
+    if kind != "interleaved" or policy.primary_metric == "goodput":
+        return {}
+    level = policy.primary_concurrency or max(s.project.workload.concurrency)
+    counted = [r for r in s.ledger.runs(trial.id) if r.concurrency == level
+               and (r.disturbed is None or not policy.set_aside_disturbed)]  # fmt: skip
+    reused: dict[Subset, float] = {}
+    for arm, subset in (("baseline", frozenset[int]()), ("candidate", frozenset(design.edits))):
+        runs = [r for r in counted if r.arm == arm]
+        last = [r for r in runs if r.block == max(r.block for r in runs)] if runs else []
+        values = [metric_values(policy, RunSummary.model_validate(r.summary), None) for r in last]
+        logs = [math.log(v[policy.primary_metric]) for v in values if policy.primary_metric in v]
+        if not logs:
+            return {}
+        reused[subset] = sum(logs) / len(logs)
+    return reused
 
 
 def _shown(interval: stats.Interval, metric: str, replicates: int) -> str:
