@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -74,6 +75,45 @@ def test_the_same_command_resolves_on_sm100(
     # the decode backend the nvfp4 hook picks on Blackwell, never asked for
     assert got.settings["decode_attention_backend"] == "trtllm_mha"
     assert got.settings["device"] == "cuda"
+
+
+def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cache(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gates evaluator writes the corpus' models to a fresh temporary folder each run: the
+    cache holds a resolution by what the model folder holds, and gives it back with this
+    command's folder in it, without starting the engine again."""
+    monkeypatch.setenv("FLAGTRIAL_CACHE", str(tmp_path / "cache"))
+    starts = tmp_path / "starts"
+    python = tmp_path / "bin" / "python"  # the engine's interpreter, counting its starts
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\necho start >> "{starts}"\nexec "{sglang_bin}" "$@"\n')
+    python.chmod(0o755)
+    first, second = tmp_path / "run1" / "tiny", tmp_path / "run2" / "tiny"
+    shutil.copytree(sglang_model, first)
+    shutil.copytree(sglang_model, second)
+
+    def resolve(model: Path) -> Resolution:
+        argv = ["--model-path", str(model), *NVFP4]
+        return resolve_local(python, "sglang", argv, SM100, cached=True)
+
+    fresh = resolve(first)
+    assert fresh.status == "resolved", fresh
+    again = resolve(second)
+    assert starts.read_text().splitlines() == ["start"]  # the engine ran once
+    assert again.settings["model_path"] == str(second)
+    assert again.settings == {
+        k: str(second) if v == str(first) else v for k, v in fresh.settings.items()
+    }
+    # a model folder that holds something else is resolved afresh
+    config = (second / "config.json").read_text()
+    layers = '"num_hidden_layers": 2'
+    (second / "config.json").write_text(config.replace(layers, '"num_hidden_layers": 3'))
+    assert resolve(second).status == "resolved"
+    assert len(starts.read_text().splitlines()) == 2
 
 
 # The platform queries resolve_dump answers from declared facts, and nothing else.
