@@ -25,7 +25,8 @@ from flagtrial.engines.resolve import (
     resolve_local,
 )
 from flagtrial.facts import Facts
-from flagtrial.gates.model import GateFinding, Outcome
+from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.model import GateFinding, GateHost, Outcome
 from flagtrial.gates.preflight import combine
 from flagtrial.reasons import Code
 from harness.cli import cli
@@ -75,6 +76,19 @@ def test_the_same_command_resolves_on_sm100(
     # the decode backend the nvfp4 hook picks on Blackwell, never asked for
     assert got.settings["decode_attention_backend"] == "trtllm_mha"
     assert got.settings["device"] == "cuda"
+    # The static analysis could not rule out kv_cache_hook.py:313's assert (a setting it tests
+    # may be assigned first): UNKNOWN; the engine's resolution ran that code through, so the
+    # reads that act decide (gates/preflight.py combine).
+    host = GateHost(compute_cap=(10, 0), cuda_version=(12, 8), gpu_count=1)
+    command = ["--model-path", str(sglang_model), *NVFP4]
+    config = json.loads((sglang_model / "config.json").read_text())
+    [static] = analyze_change("sglang", "0.5.23", [("--kv-cache-dtype", "nvfp4")], host,
+                              command=command, model=config)  # fmt: skip
+    assert static.outcome == Outcome.UNKNOWN and static.unless_raised == Outcome.ACTIVE
+    good = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model)], SM100)
+    [combined] = combine([static], good, got)
+    assert combined.outcome == Outcome.ACTIVE, combined.reason
+    assert combined.unless_raised is None
 
 
 def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cache(
@@ -262,6 +276,13 @@ def test_combine_rules() -> None:
         == Outcome.UNKNOWN
     )
     assert combine([_finding(Outcome.ACTIVE)], ok, _res("unresolved"))[0].outcome == Outcome.ACTIVE
+    # UNKNOWN only for a raise in argument resolution, which the candidate's whole resolution
+    # runs through: the outcome behind it; not where the candidate raises
+    pending = _finding(Outcome.UNKNOWN).model_copy(update={"unless_raised": Outcome.NO_OP})
+    [ran] = combine([pending], ok, _res("resolved", {"a": 2}))
+    assert ran.outcome == Outcome.NO_OP and ran.unless_raised is None
+    raised = _res("raised", raised=boom)
+    assert combine([pending], raised, raised)[0].outcome == Outcome.UNKNOWN
     assert combine([_finding(Outcome.ACTIVE)], None, None)[0].outcome == Outcome.ACTIVE
 
 

@@ -92,6 +92,9 @@ def combine(
     - Both raise: the known-good already fails, so the edit is not what fails; findings stand.
     - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
       configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
+    - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
+      a raise in argument resolution not ruled out (`unless_raised`) gets the outcome its
+      reads show, since that code ran with this command on this host and did not raise.
     - Otherwise the findings stand: a resolved difference does not show a read that acts."""
     good, cand = resolution_known_good, resolution_candidate
     if good is None or cand is None or "unresolved" in (good.status, cand.status):
@@ -127,6 +130,25 @@ def combine(
                 update={"outcome": Outcome.NO_OP, "reason": reason, "evidence": [note, *f.evidence]}
             )
             if f.outcome in (Outcome.ACTIVE, Outcome.UNKNOWN)
+            else f
+            for f in findings
+        ]
+    if cand.status == "resolved" and cand.complete:
+        ran = Evidence(
+            role="note",
+            note=f"the engine's own resolution of the candidate runs through ({cand.facts})",
+        )
+        return [
+            f.model_copy(
+                update={
+                    "outcome": f.unless_raised,
+                    "unless_raised": None,
+                    "reason": f"{f.reason}; ruled out by the engine's own resolution, which"
+                    " runs through with this command",
+                    "evidence": [ran, *f.evidence],
+                }
+            )
+            if f.outcome == Outcome.UNKNOWN and f.unless_raised is not None
             else f
             for f in findings
         ]
