@@ -4,11 +4,12 @@ resolution cached, the index under 10 s to build.
     PYTHONPATH=src .venv/bin/python benchmarks/gates/query_time.py [--repeat 5]
 
 For SGLang 0.5.23, vLLM 0.32.0 (the CPU build) and vLLM 0.33.0: the index built from cold
-(the wheel's source already extracted), loaded back from its disk cache (what a fresh process
-pays), and one query for the first case of that version in the corpus' development half
-(never the held half): `analyze_change` with the case's command, host and model, plus, where
-the engine is installed here, the engine's own resolution of known-good and candidate from
-its cache (`resolve_local(cached=True)`, warmed once first) and `combine`. "fresh process":
+(`load_index` on an empty cache; the wheel's source already extracted), loaded back from its
+disk cache (what a fresh process pays), and one query for the first case of that version in
+the corpus' development half (never the held half): `analyze_change` with the case's command,
+host and model, plus, where the engine is installed here, the engine's own resolution of
+known-good and candidate from its cache (`resolve_local(cached=True)`, warmed once first) and
+`combine`. "fresh process":
 the index loaded from disk inside the timed query; "warm": the median of `--repeat` more with
 the index in memory. Wall and CPU seconds with the load average beside them (2 shared cores).
 Writes query-time.json next to this file.
@@ -30,7 +31,7 @@ from typing import Any
 from flagtrial.gates import analyze as analyze_module
 from flagtrial.gates import index as index_module
 from flagtrial.gates.analyze import analyze_change
-from flagtrial.gates.index import build_index
+from flagtrial.gates.index import load_index
 from flagtrial.gates.wheel import engine_source
 
 HERE = Path(__file__).parent
@@ -70,9 +71,14 @@ def query(case: dict[str, Any], model: dict[str, Any] | None, folder: Path) -> s
 def measure(engine: str, version: str, repeat: int, tmp: Path) -> dict[str, Any]:
     root = engine_source(engine, version)
     load = os.getloadavg()[0]
-    built, build_s, build_cpu = timed(lambda: build_index(root, engine, version))
-    forget_indexes()
-    _, load_s, _ = timed(lambda: analyze_module.source_index(engine, version))
+    os.environ["FLAGTRIAL_CACHE"] = str(tmp / f"cold-{engine}-{version}")  # no index yet
+    try:
+        forget_indexes()
+        built, build_s, build_cpu = timed(lambda: load_index(root, engine, version))
+        forget_indexes()
+        _, load_s, _ = timed(lambda: load_index(root, engine, version))
+    finally:
+        del os.environ["FLAGTRIAL_CACHE"]
     case = next(
         c for c in evaluate.load_cases("dev") if (c["engine"], c["version"]) == (engine, version)
     )
@@ -80,7 +86,8 @@ def measure(engine: str, version: str, repeat: int, tmp: Path) -> dict[str, Any]
     folder = tmp / case["model"]
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model))
-    outcome = query(case, model, folder)  # warms the resolution cache (and the index)
+    forget_indexes()
+    outcome = query(case, model, folder)  # warms the resolution cache and the index's
     forget_indexes()
     _, fresh_s, fresh_cpu = timed(lambda: query(case, model, folder))
     warm = [timed(lambda: query(case, model, folder))[1:] for _ in range(repeat)]
