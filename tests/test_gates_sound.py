@@ -310,3 +310,15 @@ def test_unknown_only_for_a_raise_in_argument_resolution_names_the_outcome_behin
     # a startup failure that is certain leaves nothing behind it (attention_hook.py:225)
     failed = gate(SGLANG, "--kv-cache-dtype", "nvfp4", cuda((8, 0)))
     assert failed.outcome is Outcome.FAILS and failed.unless_raised is None
+
+
+def test_unknown_for_a_check_the_platform_pick_also_meets_names_the_raise() -> None:
+    # sglang 0.5.23 srt/arg_groups/overrides.py:1214-1215: trtllm_mla with kv-cache-dtype
+    # fp8_e5m2 raises ValueError; SM100 picks trtllm_mla for an MLA model by itself (the same
+    # value anyway), so only the raise stands between this edit and a NO-OP: UNKNOWN naming
+    # the raise, for the engine's own resolution to confirm (combine: FAILS)
+    f = gate(SGLANG, "--attention-backend", "trtllm_mla", cuda((10, 0)),
+             ["--tp-size", "8", "--kv-cache-dtype", "fp8_e5m2"], MLA, tp=8)  # fmt: skip
+    expect(f, Outcome.UNKNOWN, "sglang/srt/arg_groups/overrides.py:1215")
+    assert f.unless_raised is Outcome.NO_OP
+

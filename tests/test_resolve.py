@@ -26,7 +26,7 @@ from flagtrial.engines.resolve import (
 )
 from flagtrial.facts import Facts
 from flagtrial.gates.analyze import analyze_change
-from flagtrial.gates.model import GateFinding, GateHost, Outcome
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.gates.preflight import combine
 from flagtrial.reasons import Code
 from harness.cli import cli
@@ -283,6 +283,18 @@ def test_combine_rules() -> None:
     assert ran.outcome == Outcome.NO_OP and ran.unless_raised is None
     raised = _res("raised", raised=boom)
     assert combine([pending], raised, raised)[0].outcome == Outcome.UNKNOWN
+    # the candidate raises at the very raise the analysis left open: FAILS, whatever the
+    # known-good does (sglang 0.5.23 srt/arg_groups/overrides.py:1215, SM100 picks trtllm_mla
+    # for an MLA model by itself)
+    mla = {**boom, "file": "sglang/srt/arg_groups/overrides.py", "line": 1215}
+    left_open = pending.model_copy(
+        update={"evidence": [Evidence(role="raise", file=mla["file"], line=1215)]}
+    )
+    both = _res("raised", raised=mla)
+    for good in (both, ok):
+        [fails] = combine([left_open], good, both)
+        assert fails.outcome == Outcome.FAILS and fails.cites("overrides.py:1215")
+    assert combine([left_open], raised, raised)[0].outcome == Outcome.UNKNOWN  # raised elsewhere
     assert combine([_finding(Outcome.ACTIVE)], None, None)[0].outcome == Outcome.ACTIVE
 
 
