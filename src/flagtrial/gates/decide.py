@@ -10,6 +10,10 @@ decides gives the finding:
    value runs), unless a startup failure is certain with the settings left out at their
    defaults (UNKNOWN); NO-OP when every read that would act is ruled out by the GPU and
    every function was walked; else UNKNOWN.
+
+An UNKNOWN given only for such a raise in argument resolution (rules 2 and 3) names the
+outcome behind it (`unless_raised`), for the engine's own resolution to decide
+(gates/preflight.py `combine`).
 """
 
 from __future__ import annotations
