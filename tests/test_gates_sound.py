@@ -321,4 +321,3 @@ def test_unknown_for_a_check_the_platform_pick_also_meets_names_the_raise() -> N
              ["--tp-size", "8", "--kv-cache-dtype", "fp8_e5m2"], MLA, tp=8)  # fmt: skip
     expect(f, Outcome.UNKNOWN, "sglang/srt/arg_groups/overrides.py:1215")
     assert f.unless_raised is Outcome.NO_OP
-
