@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -394,6 +397,20 @@ def test_installed_package_directory(sglang_seed: SourceIndex) -> None:
     )
     assert f.outcome is Outcome.NO_OP
     assert f.cites("sglang/srt/layers/communicator.py:105")
+
+
+def test_a_loaded_index_is_kept_out_of_the_cycle_collector(sglang: SourceIndex) -> None:
+    """A fresh process loading a cached index: its objects are frozen (the collector's passes
+    over them cost a query more than its own work), and collection is back on after."""
+    probe = (
+        "import gc, json; from flagtrial.gates.analyze import source_index; "
+        "before = gc.get_freeze_count(); index = source_index('sglang', '0.5.23'); "
+        "print(json.dumps([before, gc.get_freeze_count(), gc.isenabled(), len(index.files)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    before, frozen, enabled, files = json.loads(done.stdout)
+    assert enabled and files == len(sglang.files)
+    assert frozen - before > 10 * files  # every file's record, its functions and mentions
 
 
 def test_render_text_shows_outcome_and_chain(sglang: SourceIndex) -> None:

@@ -297,3 +297,27 @@ def test_platform_pick_behind_an_early_return_on_the_model_path() -> None:
     expect(f, Outcome.NO_OP, "sglang/srt/server_args.py:1604")
     f = gate(SGLANG_SEED, "--attention-backend", "trtllm_mla", SM90, extra, model=MLA, tp=8)
     assert f.outcome is not Outcome.NO_OP, render_text([f])
+
+
+def test_unknown_only_for_a_raise_in_argument_resolution_names_the_outcome_behind_it() -> None:
+    # sglang 0.5.23 srt/arg_groups/kv_cache_hook.py:313: `assert attention_backend in
+    # KV4_ATTENTION_MHA_BACKEND_CHOICES` fails with attention_backend at its default, but
+    # argument resolution may assign it first: UNKNOWN, ACTIVE once the engine's own
+    # resolution runs through (gates/preflight.py combine); nvfp4 on SM100 acts (:57, :88).
+    f = gate(SGLANG, "--kv-cache-dtype", "nvfp4", SM100)
+    expect(f, Outcome.UNKNOWN, "sglang/srt/arg_groups/kv_cache_hook.py:313")
+    assert f.unless_raised is Outcome.ACTIVE
+    # a startup failure that is certain leaves nothing behind it (attention_hook.py:225)
+    failed = gate(SGLANG, "--kv-cache-dtype", "nvfp4", cuda((8, 0)))
+    assert failed.outcome is Outcome.FAILS and failed.unless_raised is None
+
+
+def test_unknown_for_a_check_the_platform_pick_also_meets_names_the_raise() -> None:
+    # sglang 0.5.23 srt/arg_groups/overrides.py:1214-1215: trtllm_mla with kv-cache-dtype
+    # fp8_e5m2 raises ValueError; SM100 picks trtllm_mla for an MLA model by itself (the same
+    # value anyway), so only the raise stands between this edit and a NO-OP: UNKNOWN naming
+    # the raise, for the engine's own resolution to confirm (combine: FAILS)
+    f = gate(SGLANG, "--attention-backend", "trtllm_mla", cuda((10, 0)),
+             ["--tp-size", "8", "--kv-cache-dtype", "fp8_e5m2"], MLA, tp=8)  # fmt: skip
+    expect(f, Outcome.UNKNOWN, "sglang/srt/arg_groups/overrides.py:1215")
+    assert f.unless_raised is Outcome.NO_OP

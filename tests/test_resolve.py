@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from flagtrial.engines.resolve import (
     resolve_local,
 )
 from flagtrial.facts import Facts
-from flagtrial.gates.model import GateFinding, Outcome
+from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.gates.preflight import combine
 from flagtrial.reasons import Code
 from harness.cli import cli
@@ -74,6 +76,58 @@ def test_the_same_command_resolves_on_sm100(
     # the decode backend the nvfp4 hook picks on Blackwell, never asked for
     assert got.settings["decode_attention_backend"] == "trtllm_mha"
     assert got.settings["device"] == "cuda"
+    # The static analysis could not rule out kv_cache_hook.py:313's assert (a setting it tests
+    # may be assigned first): UNKNOWN; the engine's resolution ran that code through, so the
+    # reads that act decide (gates/preflight.py combine).
+    host = GateHost(compute_cap=(10, 0), cuda_version=(12, 8), gpu_count=1)
+    command = ["--model-path", str(sglang_model), *NVFP4]
+    config = json.loads((sglang_model / "config.json").read_text())
+    [static] = analyze_change("sglang", "0.5.23", [("--kv-cache-dtype", "nvfp4")], host,
+                              command=command, model=config)  # fmt: skip
+    assert static.outcome == Outcome.UNKNOWN and static.unless_raised == Outcome.ACTIVE
+    good = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model)], SM100)
+    [combined] = combine([static], good, got)
+    assert combined.outcome == Outcome.ACTIVE, combined.reason
+    assert combined.unless_raised is None
+
+
+def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cache(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gates evaluator writes the corpus' models to a fresh temporary folder each run: the
+    cache holds a resolution by what the model folder holds, and gives it back with this
+    command's folder in it, without starting the engine again."""
+    monkeypatch.setenv("FLAGTRIAL_CACHE", str(tmp_path / "cache"))
+    starts = tmp_path / "starts"
+    python = tmp_path / "bin" / "python"  # the engine's interpreter, counting its starts
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\necho start >> "{starts}"\nexec "{sglang_bin}" "$@"\n')
+    python.chmod(0o755)
+    first, second = tmp_path / "run1" / "tiny", tmp_path / "run2" / "tiny"
+    shutil.copytree(sglang_model, first)
+    shutil.copytree(sglang_model, second)
+
+    def resolve(model: Path) -> Resolution:
+        argv = ["--model-path", str(model), *NVFP4]
+        return resolve_local(python, "sglang", argv, SM100, cached=True)
+
+    fresh = resolve(first)
+    assert fresh.status == "resolved", fresh
+    again = resolve(second)
+    assert starts.read_text().splitlines() == ["start"]  # the engine ran once
+    assert again.settings["model_path"] == str(second)
+    assert again.settings == {
+        k: str(second) if v == str(first) else v for k, v in fresh.settings.items()
+    }
+    # a model folder that holds something else is resolved afresh
+    config = (second / "config.json").read_text()
+    layers = '"num_hidden_layers": 2'
+    (second / "config.json").write_text(config.replace(layers, '"num_hidden_layers": 3'))
+    assert resolve(second).status == "resolved"
+    assert len(starts.read_text().splitlines()) == 2
 
 
 # The platform queries resolve_dump answers from declared facts, and nothing else.
@@ -222,6 +276,25 @@ def test_combine_rules() -> None:
         == Outcome.UNKNOWN
     )
     assert combine([_finding(Outcome.ACTIVE)], ok, _res("unresolved"))[0].outcome == Outcome.ACTIVE
+    # UNKNOWN only for a raise in argument resolution, which the candidate's whole resolution
+    # runs through: the outcome behind it; not where the candidate raises
+    pending = _finding(Outcome.UNKNOWN).model_copy(update={"unless_raised": Outcome.NO_OP})
+    [ran] = combine([pending], ok, _res("resolved", {"a": 2}))
+    assert ran.outcome == Outcome.NO_OP and ran.unless_raised is None
+    raised = _res("raised", raised=boom)
+    assert combine([pending], raised, raised)[0].outcome == Outcome.UNKNOWN
+    # the candidate raises at the very raise the analysis left open: FAILS, whatever the
+    # known-good does (sglang 0.5.23 srt/arg_groups/overrides.py:1215, SM100 picks trtllm_mla
+    # for an MLA model by itself)
+    mla = {**boom, "file": "sglang/srt/arg_groups/overrides.py", "line": 1215}
+    left_open = pending.model_copy(
+        update={"evidence": [Evidence(role="raise", file=mla["file"], line=1215)]}
+    )
+    both = _res("raised", raised=mla)
+    for good in (both, ok):
+        [fails] = combine([left_open], good, both)
+        assert fails.outcome == Outcome.FAILS and fails.cites("overrides.py:1215")
+    assert combine([left_open], raised, raised)[0].outcome == Outcome.UNKNOWN  # raised elsewhere
     assert combine([_finding(Outcome.ACTIVE)], None, None)[0].outcome == Outcome.ACTIVE
 
 

@@ -200,16 +200,56 @@ async def resolve_command(
     return parse(engine, argv, facts, rc, text)
 
 
-def _local_key(python: Path, engine: str, request_text: str) -> str:
-    """What a local resolution depends on besides its request: this extractor, the engine's
-    installed distribution (its dist-info folder names the version), and the content of every
-    config.json the command names."""
+# Where a model folder the command names stands in a cached resolution: the cache holds what
+# the folder holds, not where it lies (a copy, a temporary folder: the same resolution).
+_PLACEHOLDER = "\x00flagtrial-model-{}\x00"
+
+
+def _model_dirs(argv: list[str]) -> list[str]:
+    """The words of `argv` that name a model folder (one holding a config.json)."""
+    return [w for w in dict.fromkeys(argv) if (Path(w) / "config.json").is_file()]
+
+
+def _movable(argv: list[str]) -> list[str]:
+    """The model folders named by an absolute path: replaced in a cached resolution wherever
+    they occur (a relative word such as "." could be part of any text, so it stays)."""
+    return [w for w in _model_dirs(argv) if Path(w).is_absolute() and len(w) > 1]
+
+
+def _folder(word: str) -> str:
+    """A model folder by what the resolution can read of it: config.json, its last path part
+    (defaults derived from the name), and each file's name and size."""
+    folder = Path(word)
+    files = sorted((p.name, p.stat().st_size) for p in folder.iterdir() if p.is_file())
+    return json.dumps([folder.name, (folder / "config.json").read_text(), files])
+
+
+def _local_key(python: Path, engine: str, argv: list[str], request_text: str) -> str:
+    """What a local resolution depends on: this extractor, the interpreter, the engine's
+    installed distribution (its dist-info folder names the version), the request with each
+    model folder given by its content (`_folder`) rather than its path, and the engine's own
+    variables in this environment (the subprocess inherits them)."""
     site = sorted(python.parent.parent.glob("lib/python3*/site-packages"))
     dists = sorted(p.name for s in site for p in s.glob(f"{engine}*.dist-info"))
-    words = json.loads(request_text)["argv"]
-    configs = [Path(w) / "config.json" for w in words if (Path(w) / "config.json").is_file()]
-    parts = [_SOURCE, str(python), request_text, *dists, *(c.read_text() for c in configs)]
+    request_text = _relocated(request_text, argv, stored=True)
+    folders = [_folder(w) for w in _model_dirs(argv)]
+    own = sorted((k, v) for k, v in os.environ.items() if k.startswith(engine.upper() + "_"))
+    parts = [_SOURCE, str(python), request_text, *dists, *folders, json.dumps(own)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def _json_str(text: str) -> str:
+    """`text` as it appears inside a JSON string."""
+    return json.dumps(text)[1:-1]
+
+
+def _relocated(text: str, argv: list[str], stored: bool) -> str:
+    """A resolution's JSON with this command's model folders as placeholders (`stored`: to
+    write it to the cache) or the placeholders as this command's folders (read back)."""
+    for i, word in enumerate(_movable(argv)):
+        here, there = _json_str(word), _json_str(_PLACEHOLDER.format(i))
+        text = text.replace(here, there) if stored else text.replace(there, here)
+    return text
 
 
 def resolve_local(
@@ -223,11 +263,11 @@ def resolve_local(
 ) -> Resolution:
     """The same on this machine, without a target (the gates evaluator, tests). `cached`:
     reuse a resolution of the same request, engine build and model config (under
-    ~/.cache/flagtrial/resolve/), for repeated evaluations; a test resolves afresh."""
+    ~/.cache/flagtrial/resolve/), wherever the model folder lies; a test resolves afresh."""
     text = request(engine, argv, facts, env or {})
-    path = cache_root() / "resolve" / f"{_local_key(Path(python), engine, text)}.json"
+    path = cache_root() / "resolve" / f"{_local_key(Path(python), engine, argv, text)}.json"
     if cached and path.exists():
-        return Resolution.model_validate_json(path.read_text())
+        return Resolution.model_validate_json(_relocated(path.read_text(), argv, stored=False))
     done = subprocess.run(
         [str(python), "-c", _SOURCE, text],
         capture_output=True,
@@ -240,7 +280,7 @@ def resolve_local(
     if cached and got.status != "unresolved":
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(got.model_dump_json())
+        tmp.write_text(_relocated(got.model_dump_json(), argv, stored=True))
         tmp.replace(path)
     return got
 

@@ -354,7 +354,9 @@ class Analysis:
     def where(self, site: ReadSite) -> str:
         return f"{self.index.files[site.fi].path}:{site.node.lineno}"
 
-    def finding(self, outcome: Outcome, reason: str) -> GateFinding:
+    def finding(
+        self, outcome: Outcome, reason: str, unless_raised: Outcome | None = None
+    ) -> GateFinding:
         return GateFinding(
             engine=self.index.engine,
             version=self.index.version,
@@ -366,6 +368,7 @@ class Analysis:
             outcome=outcome,
             reason=reason,
             evidence=self.chain.items,
+            unless_raised=unless_raised,
         )
 
 

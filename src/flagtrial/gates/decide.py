@@ -10,6 +10,10 @@ decides gives the finding:
    value runs), unless a startup failure is certain with the settings left out at their
    defaults (UNKNOWN); NO-OP when every read that would act is ruled out by the GPU and
    every function was walked; else UNKNOWN.
+
+An UNKNOWN given only for such a raise in argument resolution (rules 2 and 3) names the
+outcome behind it (`unless_raised`), for the engine's own resolution to decide
+(gates/preflight.py `combine`).
 """
 
 from __future__ import annotations
@@ -106,6 +110,7 @@ def _platform_pick(a: Analysis, walker: Walker) -> GateFinding | None:
             f"without the flag this host picks the same value, but"
             f" {a.chain.raise_reason(blocking).removesuffix(' on this host')} is reached"
             " with every test holding (with the settings left out at their defaults)",
+            Outcome.NO_OP if _in_resolution(a, blocking) else None,
         )
     site, value = choice
     a.chain.add("read", site.fi, site.node.lineno, f"reads {site.field}")
@@ -181,6 +186,7 @@ def _active(
             f"{a.chain.raise_reason(possible).removesuffix(' on this host')} on this host"
             " if the settings the command leaves out keep their defaults (argument"
             " resolution may change them): not ruled out",
+            Outcome.ACTIVE if _in_resolution(a, possible) else None,
         )
     count = f"{len(alive)}+" if len(effects) >= MAX_EFFECTS else str(len(alive))
     parts = [f"selects {', '.join(a.selected)}"] if a.selected else []
@@ -267,6 +273,13 @@ def _failure_with_defaults(a: Analysis) -> RaiseSite | None:
     walker = a.walk(everything_default=True)
     failures = [r for r in walker.raises if r.certain and r.runs_at_startup]
     return min(failures, key=lambda r: (len(r.chain), r.stmt.lineno)) if failures else None
+
+
+def _in_resolution(a: Analysis, r: RaiseSite) -> bool:
+    """The raise, and the walk that reached it, lie in argument resolution: the code the
+    engine's own resolution runs (engines/resolve_dump.py), so that runs through without it
+    rule it out for this command on this host."""
+    return a.startup_file(r.fi) and a.startup_file(r.unit[0])
 
 
 def _possible_failures(a: Analysis, walker: Walker) -> None:

@@ -9,11 +9,14 @@ source (`SourceReader`) and parses just that function, which takes well under a 
 from __future__ import annotations
 
 import ast
+import gc
 import hashlib
 import os
 import pickle
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,6 +162,22 @@ def _fingerprint(root: Path, layout: EngineLayout) -> str:
     return digest.hexdigest()[:16]
 
 
+@contextmanager
+def _lasting() -> Iterator[None]:
+    """An index is a great many objects that live as long as the process: the cycle
+    collector's passes over them cost more than loading them, and twice a query's own work
+    after. Paused while they are made, then moved out of its sight for good (`gc.freeze`);
+    reference counting still frees what is dropped."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
 _LOADED: dict[tuple[str, str], SourceIndex] = {}
 _LOADED_LOCK = threading.Lock()
 
@@ -178,7 +197,7 @@ def load_index(root: Path, engine: str, version: str, *, fingerprint: bool = Fal
     stamp = _fingerprint(root, layout) if fingerprint else "wheel"
     name = hashlib.sha256(f"{root}\0{version}\0{stamp}".encode()).hexdigest()[:16]
     path = cache_root() / "gates" / f"{engine}-{version}-{name}-{INDEX_FORMAT}.pickle"
-    with file_lock(path.parent / f"{engine}-{version}-{name}.lock"):
+    with file_lock(path.parent / f"{engine}-{version}-{name}.lock"), _lasting():
         index: SourceIndex | None = None
         if path.exists():
             try:

@@ -125,6 +125,10 @@ class GateFinding(BaseModel):
     outcome: Outcome
     reason: str
     evidence: list[Evidence] = Field(default_factory=list)
+    # UNKNOWN only because a raise in argument resolution is not ruled out (a setting it
+    # tests may be assigned there): the outcome the reads show once it is, as when the
+    # engine's own resolution of the command runs through (gates/preflight.py `combine`).
+    unless_raised: Outcome | None = None
 
     def cites(self, where: str) -> bool:
         """Whether a `file:line` (path suffix allowed) is part of the evidence chain."""

@@ -89,22 +89,23 @@ def combine(
 
     - The candidate raises where the known-good does not: every edit FAILS AT STARTUP, with
       the engine's message and its file:line (the raise is the command's, not one edit's).
-    - Both raise: the known-good already fails, so the edit is not what fails; findings stand.
+    - The candidate raises at the very startup raise an UNKNOWN edit's analysis left open
+      (`unless_raised`, its file:line cited): FAILS AT STARTUP whatever the known-good does
+      (without the edit this host may pick the same value and fail the same way).
+    - Otherwise both raise: the known-good already fails, so the edit is not what fails;
+      findings stand.
     - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
       configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
+    - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
+      a raise in argument resolution not ruled out (`unless_raised`) gets the outcome its
+      reads show, since that code ran with this command on this host and did not raise.
     - Otherwise the findings stand: a resolved difference does not show a read that acts."""
     good, cand = resolution_known_good, resolution_candidate
     if good is None or cand is None or "unresolved" in (good.status, cand.status):
         return findings
     if cand.raised is not None and good.raised is None:
         raised = cand.raised
-        evidence = Evidence(
-            role="raise",
-            file=raised.file,
-            line=raised.line,
-            code=f"{raised.type}: {raised.message.strip().splitlines()[0]}"[:300],
-            note=f"the engine's own resolution of the candidate ({cand.facts})",
-        )
+        evidence = _engine_raise(cand, "the engine's own resolution of the candidate")
         reason = f"the engine's own argument resolution refuses the command: {raised.describe()}"
         return [
             f.model_copy(
@@ -114,6 +115,23 @@ def combine(
                     "evidence": [evidence, *f.evidence],
                 }
             )
+            for f in findings
+        ]
+    if cand.raised is not None and cand.raised.file:
+        raised, where = cand.raised, cand.raised.where
+        confirmed = _engine_raise(cand, "the engine's own resolution of the candidate raises here")
+        return [
+            f.model_copy(
+                update={
+                    "outcome": Outcome.FAILS,
+                    "unless_raised": None,
+                    "reason": f"the engine's own argument resolution raises where the source"
+                    f" analysis could not rule it out: {raised.describe()}",
+                    "evidence": [confirmed, *f.evidence],
+                }
+            )
+            if f.outcome == Outcome.UNKNOWN and f.unless_raised is not None and f.cites(where)
+            else f
             for f in findings
         ]
     if good.raised is None and good.complete and cand.complete and good.settings == cand.settings:
@@ -130,4 +148,36 @@ def combine(
             else f
             for f in findings
         ]
+    if cand.status == "resolved" and cand.complete:
+        ran = Evidence(
+            role="note",
+            note=f"the engine's own resolution of the candidate runs through ({cand.facts})",
+        )
+        return [
+            f.model_copy(
+                update={
+                    "outcome": f.unless_raised,
+                    "unless_raised": None,
+                    "reason": f"{f.reason}; ruled out by the engine's own resolution, which"
+                    " runs through with this command",
+                    "evidence": [ran, *f.evidence],
+                }
+            )
+            if f.outcome == Outcome.UNKNOWN and f.unless_raised is not None
+            else f
+            for f in findings
+        ]
     return findings
+
+
+def _engine_raise(cand: Resolution, note: str) -> Evidence:
+    """The candidate's raise in its own resolution, as evidence (`note`, then the facts)."""
+    raised = cand.raised
+    assert raised is not None
+    return Evidence(
+        role="raise",
+        file=raised.file,
+        line=raised.line,
+        code=f"{raised.type}: {raised.message.strip().splitlines()[0]}"[:300],
+        note=f"{note} ({cand.facts})",
+    )
