@@ -90,10 +90,10 @@ def combine(
     - The candidate raises where the known-good does not: every edit FAILS AT STARTUP, with
       the engine's message and its file:line (the raise is the command's, not one edit's).
     - The candidate raises at the very startup raise an UNKNOWN edit's analysis left open
-      (`unless_raised`, its file:line cited): FAILS AT STARTUP whatever the known-good does
-      (without the edit this host may pick the same value and fail the same way).
-    - Otherwise both raise: the known-good already fails, so the edit is not what fails;
-      findings stand.
+      (`unless_raised`, its file:line cited), and the known-good raises elsewhere: FAILS AT
+      STARTUP.
+    - Otherwise both raise: the known-good, which runs, is refused too, so the resolution
+      cannot tell what fails here; findings stand.
     - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
       configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
     - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
@@ -130,7 +130,10 @@ def combine(
                     "evidence": [confirmed, *f.evidence],
                 }
             )
-            if f.outcome == Outcome.UNKNOWN and f.unless_raised is not None and f.cites(where)
+            if f.outcome == Outcome.UNKNOWN
+            and f.unless_raised is not None
+            and f.cites(where)
+            and (good.raised is None or good.raised.where != where)
             else f
             for f in findings
         ]
