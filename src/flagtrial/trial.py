@@ -52,13 +52,14 @@ class Trial:
         # True once the server is on a judged spec (kept candidate or verified restore):
         # from then on an interruption must not revert anything.
         self._settled = False
+        self.resolves: Reason | None = None  # what the bound can resolve, said before the load
 
     async def run(self) -> TrialOutcome:
         s = self.s
         p = await plan(s, self.change)
         arms = Arms(s, p, force=self.force)
-        arms.notes.append(resolves := self._resolves())
-        s.notify("resolves", resolves.message)
+        self.resolves = self._resolves()  # said now, and in a verdict the load reached
+        s.notify("resolves", self.resolves.message)
         seq = Sequential(
             s.project.policy, s.project.workload.concurrency, restart_s=p.facts_before.ready_s
         )
@@ -106,7 +107,10 @@ class Trial:
         if (measured := noise.measured(seq, self.s.project)) is not None:
             p.journal.context["noise"] = measured.model_dump()  # for the next trial's plan
         diff = arms.diff or diff_facts(p.facts_before, p.facts_before, set())
-        return await self._finish(p, arms, step.verdict(self.s.project.policy, diff))
+        verdict = step.verdict(self.s.project.policy, diff)
+        if self.resolves is not None:
+            verdict = verdict.adding(self.resolves)
+        return await self._finish(p, arms, verdict)
 
     def _resolves(self) -> Reason:
         """What this trial's bound can resolve, at the noise the last trial of this workload

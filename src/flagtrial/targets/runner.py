@@ -85,7 +85,8 @@ class _LocalHeld:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         try:
-            await asyncio.wait_for(self.proc.wait(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self.proc.wait()
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
@@ -113,7 +114,10 @@ class LocalRunner:
         except OSError as e:
             return Completed(127, b"", f"{argv[0]}: {e.strerror}".encode())
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input), timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a Ctrl-C that
+            # lands as the command ends
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate(input)
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -108,7 +108,8 @@ class _SshHeld:
     async def release(self) -> None:
         self.proc.stdin.write_eof()
         try:
-            await asyncio.wait_for(self.proc.wait_closed(), 5.0)
+            async with asyncio.timeout(5.0):
+                await self.proc.wait_closed()
         except TimeoutError:
             self.proc.close()
 

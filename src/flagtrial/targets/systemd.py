@@ -325,7 +325,8 @@ class SystemdTarget:
             ["sh", "-c", LOCK_SCRIPT, "sh", self.lock_path, HOLD_SCRIPT, self.holder_path, *lines]
         )
         try:
-            line = await asyncio.wait_for(held.readline(), 30.0)
+            async with asyncio.timeout(30.0):
+                line = await held.readline()
         except TimeoutError:
             await held.release()
             raise TargetError(
