@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,14 @@ def environment(faults: str | None = None, env: Mapping[str, str] | None = None)
     if faults is not None:
         out["FLAGTRIAL_FAULTS"] = faults
     return {**out, **(env or {})}
+
+
+def as_at_a_terminal() -> None:
+    """In the child before exec: Ctrl-C as a terminal delivers it. A suite started in the
+    background by a shell without job control inherits SIGINT ignored, and so would every
+    flagtrial it starts (ignored signals survive exec): the interrupt tests would test
+    nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def command(project: Path | None, args: tuple[str, ...]) -> list[str]:
@@ -44,6 +53,7 @@ def cli(
         env=environment(faults, env),
         input=input,
         cwd=cwd,
+        preexec_fn=as_at_a_terminal,
     )
 
 
@@ -60,6 +70,7 @@ def start(
         stderr=subprocess.STDOUT,
         text=True,
         env=environment(faults, env),
+        preexec_fn=as_at_a_terminal,
     )
 
 
