@@ -194,6 +194,15 @@ def slow_prefill_server(server: Server, small_model: Path, tiny_model: Path) -> 
     return server.unit.read_bytes()
 
 
+def measured_harm(server: Server, small_model: Path, tiny_model: Path) -> tuple[bytes, Any]:
+    """The unit before, and a trial of the alias and the 16-token batches that ends on the
+    measured harm (no fact moves), not yet attributed."""
+    before = slow_prefill_server(server, small_model, tiny_model)
+    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
+    assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
+    return before, out
+
+
 def test_a_measured_harm_is_attributed_by_the_measured_design(
     server: Server, small_model: Path, tiny_model: Path
 ) -> None:
@@ -236,9 +245,7 @@ def test_a_measured_harm_is_attributed_by_the_measured_design(
 def test_a_design_its_bound_stops_before_a_replicate_leaves_the_edits_unresolved(
     server: Server, small_model: Path, tiny_model: Path
 ) -> None:
-    before = slow_prefill_server(server, small_model, tiny_model)
-    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
-    assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
+    before, out = measured_harm(server, small_model, tiny_model)
     # one start: the first replicate needs two at least (each edit alone; the known-good and
     # the whole change may come from the trial's last blocks)
     update_project_file(server.file, policy={"attribution_max_restarts": 1})
@@ -254,9 +261,7 @@ def test_a_design_its_bound_stops_before_a_replicate_leaves_the_edits_unresolved
 def test_killed_mid_design_recovers_to_the_known_good(
     server: Server, small_model: Path, tiny_model: Path
 ) -> None:
-    before = slow_prefill_server(server, small_model, tiny_model)
-    out = server.json("trial", "--set", "--alias=renamed", "--set", "-ub=16")
-    assert out["verdict"]["finding"] == "harm", out["verdict"]["reasons"]
+    before, out = measured_harm(server, small_model, tiny_model)
     killed = server.cli("attribute", str(out["trial_id"]), faults="measuring=KILL")
     assert killed.returncode == -9, killed.stdout + killed.stderr
     journal = server.ledger().trials()[-1]
