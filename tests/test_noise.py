@@ -1,6 +1,6 @@
 """What a trial's bound can resolve at the noise an earlier trial measured: the statement is
-checked against the confidence sequence the trial runs (stats.anytime_interval) on simulated
-pairs of that spread, and found again from the ledger by the next trial of the workload."""
+checked against the looks the trial plans (flagtrial.spending) on simulated pairs of that
+spread, and found again from the ledger by the next trial of the workload."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from flagtrial import stats
+from flagtrial import spending, stats
 from flagtrial.guardrails import PRIMARY
 from flagtrial.noise import Noise, bound_pairs, resolvable
 from flagtrial.reasons import Code
@@ -26,11 +26,12 @@ def noise(sd_pct: float, block_s: float = 4.0) -> Noise:
 def resolved_share(effect_pct: float, sd: Noise, pairs: int, want: str, seed: int = 0) -> float:
     """How often the trial's interval after `pairs` pairs (or sooner) decides `want`."""
     rng = np.random.default_rng(seed)
+    looks = spending.plan(pairs, 1.0 - POLICY.confidence)
     hits = 0
     for _ in range(2000):
         diffs = rng.normal(stats.to_log(effect_pct), sd.pair_sd, pairs)
-        for n in range(2, pairs + 1):
-            _, lo, hi = stats.anytime_interval(diffs[:n], POLICY.confidence).pct
+        for n in looks.at:
+            _, lo, hi = stats.paired_interval(diffs[:n], looks.critical(n)).pct
             if (found := PRIMARY.classify(POLICY, lo, hi)) != "unresolved":
                 hits += found == want
                 break

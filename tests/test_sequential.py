@@ -157,7 +157,8 @@ def test_a_verdict_fixed_by_the_facts_stops_at_the_first_interval() -> None:
     seq = Sequential(policy, [8], design=INTERLEAVED)
     seq.breached("capacity guardrail")
     stop = drive(seq, noisy(0.0, 0.15, seed=10))
-    assert len(stop.candidate[8]) == 5  # the fewest pairs with a finite interval
+    # the first planned look: the fewest pairs with a finite interval
+    assert len(stop.candidate[8]) == INTERLEAVED.looks(policy).at[0]
     assert (stop.why.code, stop.why.values["forced"]) == (Code.STOP_FORCED, "capacity guardrail")
     assert any(e.metric == "output_tok_s" for e in stop.effects)
     # decided: no word of how much more load would settle the interval

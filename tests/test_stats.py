@@ -146,19 +146,22 @@ def test_pct_and_log_are_inverse() -> None:
     assert stats.to_pct(-math.inf) == -math.inf
 
 
-def test_pairs_to_settle_follows_the_confidence_sequence() -> None:
+def test_pairs_to_settle_finds_the_first_count_whose_interval_fits() -> None:
     diffs = [0.1, -0.1] * 5  # estimate 0, sd 0.105
     margin = stats.to_log(5.0)
 
     def inside(i: stats.Interval) -> bool:
         return -margin < i.lo and i.hi < margin
 
-    n = stats.pairs_to_settle(diffs, 0.95, inside, 10_000)
+    def critical(n: int) -> float:
+        return stats.anytime_multiplier(n, 0.05)
+
+    n = stats.pairs_to_settle(diffs, critical, inside, 10_000)
     assert n is not None and n > len(diffs)
     sd = float(np.std(diffs, ddof=1))
-    half = stats.anytime_multiplier(n, 0.05) * sd / math.sqrt(n)
-    before = stats.anytime_multiplier(n - 1, 0.05) * sd / math.sqrt(n - 1)
+    half = critical(n) * sd / math.sqrt(n)
+    before = critical(n - 1) * sd / math.sqrt(n - 1)
     assert half < margin <= before  # the first n at which the interval fits
     # an estimate on the margin's edge never fits inside it
     edge = [margin + 0.01, margin - 0.01] * 5
-    assert stats.pairs_to_settle(edge, 0.95, inside, 10_000) is None
+    assert stats.pairs_to_settle(edge, critical, inside, 10_000) is None

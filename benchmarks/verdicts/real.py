@@ -3,13 +3,16 @@
 Each trial is a whole flagtrial trial (flagtrial.trial.Trial under the process target, the
 same code as `flagtrial trial`) on a real llama-server on 127.0.0.1: the protocol chosen
 from the restart cost, restart blocks, foreign-load hygiene, the verdict and the restore.
-The large-effect trials alternate with their mirror image (which arm has the effect). The
-capacity guardrail is switched off here (`-np 1` has an eighth of the slots) so that the
-measurement alone decides. Bounded: `--budget-s` for the whole script, `--trial-s` per
-trial. Writes results[--key] of results.json; other sections are kept.
+The workload is the default one at c=8 (64-word prompts, 64 tokens, 16 requests a run) and
+the policy the default one but for the capacity guardrail, switched off (`-np 1` has an
+eighth of the slots) so that the measurement alone decides. The large-effect trials
+alternate with their mirror image (which arm has the effect). `--slow` trials start the
+server 20 s late (a wrapper that sleeps, then execs llama-server: a large model's load
+time), so the protocol chosen is before-after. Bounded: `--budget-s` for the whole script,
+`--trial-s` per trial. Writes results[--key] of results.json; other sections are kept.
 
-    .venv/bin/python benchmarks/verdicts/real.py --aa 20 --large 4 --trial-s 200 \
-        --budget-s 3600
+    .venv/bin/python benchmarks/verdicts/real.py --aa 40 --large 4 --slow 4 \
+        --budget-s 5400
 """
 
 from __future__ import annotations
@@ -39,14 +42,8 @@ from flagtrial.trial import Trial, TrialOutcome
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
 LEVEL = 8
-WORKLOAD = Workload(
-    concurrency=[LEVEL],
-    requests_per_run=16,
-    prompt_words=32,
-    max_tokens=32,
-    warmup_requests=2,
-    run_timeout_s=60,
-)
+WORKLOAD = Workload(concurrency=[LEVEL])
+SLOW_START_S = 20
 
 
 def write_project(root: Path, unit: Path, port: int, policy: Policy) -> Path:
@@ -85,6 +82,7 @@ def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> 
     db = Ledger(ledger)
     try:
         runs = [r for r in db.runs(outcome.trial_id) if r.concurrency == LEVEL]
+        design = db.trial(outcome.trial_id).record.get("design", {})
     finally:
         db.close()
     verdict = outcome.verdict
@@ -97,6 +95,10 @@ def record(outcome: TrialOutcome, wall_s: float, ledger: Path, primary: str) -> 
         "finding": verdict.finding,
         "why": why.message,
         "reason": verdict.reasons[0].message,
+        "design": design.get("kind"),
+        "looks": design.get("looks"),
+        # measurement time, restarts included, when the procedure stopped
+        "measure_s": why.values.get("seconds"),
         "runs": len(runs),
         "load_s": sum(r.summary["duration_s"] for r in runs),
         "wall_s": wall_s,
@@ -111,19 +113,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--aa", type=int, default=6, help="A/A trials")
     ap.add_argument("--large", type=int, default=4, help="large-effect trials")
-    ap.add_argument("--trial-s", type=float, default=120.0, help="max_seconds of a trial")
+    ap.add_argument("--slow", type=int, default=0, help="slow-start trials, A/A and large")
+    ap.add_argument("--trial-s", type=float, default=None, help="max_seconds (the default's)")
     ap.add_argument("--budget-s", type=float, default=600.0, help="whole script")
     ap.add_argument("--foreign-limit", type=float, default=0.5, help="cores; policy's limit")
     ap.add_argument("--model", default="small")
     ap.add_argument("--key", default="real", help="section of results.json to write")
     args = ap.parse_args()
-    policy = Policy(
-        max_seconds=args.trial_s,
-        foreign_cpu_max_cores=args.foreign_limit,
-        capacity_loss_max_pct=100.0,
-    )
+    bounds = {} if args.trial_s is None else {"max_seconds": args.trial_s}
+    policy = Policy(**bounds, foreign_cpu_max_cores=args.foreign_limit, capacity_loss_max_pct=100.0)
     deadline = time.monotonic() + args.budget_s
     kinds = [("A/A", i) for i in range(args.aa)] + [("large", i) for i in range(args.large)]
+    kinds += [("slow A/A" if i % 2 else "slow large", i) for i in range(args.slow)]
     # Interleave the kinds so a busy spell of the machine does not fall on one kind only.
     kinds.sort(key=lambda k: k[1])
     out: list[dict] = []
@@ -131,18 +132,25 @@ def main() -> None:
         root = Path(tmp)
         unit = root / "llama.service"
         port = free_port()
+        slow = root / "slow" / "llama-server"
+        slow.parent.mkdir()
+        slow.write_text(f'#!/bin/sh\nsleep {SLOW_START_S}\nexec {llama_server_path()} "$@"\n')
+        slow.chmod(0o755)
+        write_unit(unit, slow, model(args.model), port)
+        slow_unit = unit.read_text()
         write_unit(unit, llama_server_path(), model(args.model), port)
         project = write_project(root, unit, port, policy)
         eight_slots = unit.read_text()
         target = ProcessTarget(unit, root / ".flagtrial" / "process")
         try:
             for kind, i in kinds:
-                if time.monotonic() + args.trial_s * 1.5 > deadline:
+                if time.monotonic() + min(policy.max_seconds, 300) > deadline:
                     break
-                unit.write_text(eight_slots)  # the known-good of every trial
-                if kind == "A/A":
+                # the known-good of every trial
+                unit.write_text(slow_unit if kind.startswith("slow") else eight_slots)
+                if kind.endswith("A/A"):
                     edit, truth = Edit(op="add", name="--alias", value="candidate"), "none"
-                elif i % 2 == 0:
+                elif i % 2 == 0 or kind.startswith("slow"):
                     edit, truth = Edit(op="set", name="--parallel", value="1"), "harm"
                 else:
                     set_slots(unit, 1)
@@ -154,20 +162,26 @@ def main() -> None:
                 out.append(r)
                 print(
                     f"{kind} truth={truth}: {r['decision']} ({r['finding']}) after {r['runs']} "
-                    f"runs, {r['load_s']:.0f}s load; {r['why'][:110]}",
+                    f"runs, {r['measure_s'] or 0:.0f}s; {r['why'][:150]}",
                     flush=True,
                 )
+                save(args, policy, out)  # after every trial: a killed run keeps what it had
         finally:
             asyncio.run(target.stop())
+
+
+def save(args: argparse.Namespace, policy: Policy, trials: list[dict]) -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[args.key] = {
         "model": args.model,
         "hygiene": "on",
         "driver": "flagtrial.trial.Trial",
+        "procedure": "planned looks (flagtrial.spending)",
         "workload": WORKLOAD.model_dump(),
         "policy": policy.model_dump(),
+        "slow_start_s": SLOW_START_S,
         "cpus": os.cpu_count(),
-        "trials": out,
+        "trials": trials,
     }
     RESULTS.write_text(json.dumps(results, indent=1))
 

@@ -53,10 +53,12 @@ def claims(decisions: dict[str, int]) -> int:
     return decisions.get("KEEP", 0) + decisions.get("REVERT", 0)
 
 
-def _seq(sim: dict, protocol: str = "interleaved", g: float = 1.0) -> dict[str, dict]:
+def _seq(sim: dict, protocol: str = "interleaved", looks: int = 0) -> dict[str, dict]:
+    """Cells of `protocol` with the `looks`-th plan of run_sim.LOOKS (0: the default)."""
+    wanted = sim["looks"][looks]
     out: dict[str, dict] = {}
     for c in sim["sequential"]:
-        if c["protocol"] == protocol and c["g"] == g:
+        if c["protocol"] == protocol and c["looks"] == wanted:
             out.setdefault(c["noise"], {})[c["effect_pct"]] = c
     return out
 
@@ -115,7 +117,7 @@ def match(seq: dict, fixed: dict, ns: list[int], rule: str, effects: tuple[float
 
 
 def simulated_tables(sim: dict) -> list[str]:
-    seq, fixed = _seq(sim), _fixed(sim)
+    seq, fixed, before = _seq(sim), _fixed(sim), _seq(sim, "every-pair")
     ns = sim["fixed_n"]
     every = (0.0, *NONZERO)
     lines = [
@@ -129,12 +131,14 @@ def simulated_tables(sim: dict) -> list[str]:
         f"bench_serving output would); N from {', '.join(map(str, ns))}: the cheapest "
         "whose wrong-verdict rates are equal or better and whose right-verdict rate at "
         "+-5/+-10 % is at most 1 point lower (load ratio = fixed / sequential). Right "
-        "verdicts of the sequential procedure at +-5/+-10 %: see the per-effect table.",
+        "verdicts of the sequential procedure at +-5/+-10 %: see the per-effect table. "
+        "Before: the procedure this replaced (the confidence sequence looked at after every "
+        "pair), on the same simulated machines.",
         "",
         "| noise model | wrong, abs(effect) >= 5 % | wrong, +-2 % | A/A: equivalent | "
-        "A/A: false claim | load s | fixed N matched at abs(effect) >= 5 % | "
-        "fixed N matched at every effect |",
-        "|---|---|---|---|---|---|---|---|",
+        "A/A: false claim | load s | before: A/A equivalent, load s | "
+        "fixed N matched at abs(effect) >= 5 % | fixed N matched at every effect |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, cells in seq.items():
         kb = sum(wrong(cells[e]["decisions"], e) for e in BIG)
@@ -142,11 +146,19 @@ def simulated_tables(sim: dict) -> list[str]:
         k2 = sum(wrong(cells[e]["decisions"], e) for e in (-2.0, 2.0))
         n2 = sum(cells[e]["trials"] for e in (-2.0, 2.0))
         zero = cells[0.0]
+        old = before.get(name)
+        was = (
+            f"{100 * old[0.0]['findings'].get('equivalent', 0) / old[0.0]['trials']:.1f} %, "
+            f"{seq_load(old, every):.0f}"
+            if old
+            else "-"
+        )
         lines.append(
             f"| {name} | {rate(kb, nb)} | {rate(k2, n2)} | "
             f"{rate(zero['findings'].get('equivalent', 0), zero['trials'])} | "
             f"{rate(claims(zero['decisions']), zero['trials'])} | "
-            f"{seq_load(cells, every):.0f} | {match(cells, fixed[name], ns, 'point', BIG)} | "
+            f"{seq_load(cells, every):.0f} | {was} | "
+            f"{match(cells, fixed[name], ns, 'point', BIG)} | "
             f"{match(cells, fixed[name], ns, 'point', every)} |"
         )
     welch = [
@@ -168,16 +180,25 @@ def simulated_tables(sim: dict) -> list[str]:
         "",
         f"### Per true effect, {BASE_NAME} (interleaved)",
         "",
+        "Time to a verdict: wall seconds of measurement, restarts included, as p10 / median "
+        "/ p90 over the trials.",
+        "",
         "| true effect | KEEP | REVERT | INCONCLUSIVE: equivalent / unresolved | "
-        "mean load s | p90 load s | mean runs |",
-        "|---|---|---|---|---|---|---|",
+        "time to a verdict s (p10 / p50 / p90) | before: p50 / p90 | mean load s | "
+        "mean runs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    old_main = before.get(BASE_NAME, {})
     for e, c in sorted(main.items()):
         d, f, n = c["decisions"], c["findings"], c["trials"]
+        q = c.get("wall_s_pct", {})
+        o = old_main.get(e, {}).get("wall_s_pct", {})
         lines.append(
             f"| {e:+g} % | {d.get('KEEP', 0) / n:.1%} | {d.get('REVERT', 0) / n:.1%} | "
             f"{f.get('equivalent', 0) / n:.1%} / {f.get('unresolved', 0) / n:.1%} | "
-            f"{c['load_s_mean']:.0f} | {c['load_s_p90']:.0f} | {c['runs_mean']:.1f} |"
+            f"{' / '.join(f'{q[k]:.0f}' for k in ('10', '50', '90')) if q else '-'} | "
+            f"{' / '.join(f'{o[k]:.0f}' for k in ('50', '90')) if o else '-'} | "
+            f"{c['load_s_mean']:.0f} | {c['runs_mean']:.1f} |"
         )
     lines += [
         "",
@@ -186,10 +207,16 @@ def simulated_tables(sim: dict) -> list[str]:
         "| procedure | wrong, any effect (worst) | A/A equivalent | mean load s |",
         "|---|---|---|---|",
     ]
+    plans = sim.get("looks", [])
+
+    def plan_label(i: int) -> str:
+        first, growth = plans[i]
+        return f"interleaved, looks from {first} pairs, x{growth:g} each"
+
     variants = [
-        ("interleaved, mixture variance g = 1 (default)", _seq(sim), BASE_NAME),
-        ("interleaved, g = 0.5", _seq(sim, g=0.5), BASE_NAME),
-        ("interleaved, g = 2", _seq(sim, g=2.0), BASE_NAME),
+        (plan_label(0) + " (default)", _seq(sim), BASE_NAME),
+        *((plan_label(i), _seq(sim, looks=i), BASE_NAME) for i in range(1, len(plans))),
+        ("interleaved, confidence sequence after every pair (before)", before, BASE_NAME),
         ("interleaved, drift", _seq(sim), DRIFT_NAME),
         ("before-after + re-check (6 runs before)", _seq(sim, "before-after"), BASE_NAME),
         ("before-after + re-check, drift", _seq(sim, "before-after"), DRIFT_NAME),
@@ -213,18 +240,21 @@ def real_table(real: dict) -> list[str]:
     w = real["workload"]
     hygiene = "disturbed runs set aside" if real.get("hygiene", "on") == "on" else "hygiene off"
     driver = real.get("driver", "flagtrial.sequential driven by the harness")
+    procedure = real.get("procedure", "before: the confidence sequence after every pair")
     lines = [
-        f"### Real trials on llama-server ({driver}; {hygiene}; {real['model']} model, "
-        f"{real['cpus']} "
-        f"CPUs, c={w['concurrency'][0]}, {w['requests_per_run']} requests x "
-        f"{w['max_tokens']} tokens a run, at most {real['policy']['max_seconds']:g}s a trial)",
+        f"### Real trials on llama-server ({driver}, {procedure}; {hygiene}; "
+        f"{real['model']} model, {real['cpus']} CPUs, c={w['concurrency'][0]}, "
+        f"{w['requests_per_run']} requests of "
+        f"{w['prompt_words']} words x {w['max_tokens']} tokens a run, at most "
+        f"{real['policy']['max_seconds']:g}s a trial)",
         "",
         "Right: KEEP for a gain, REVERT for a harm, equivalent for A/A. Rates with their 95 % "
         "interval.",
         "",
         "| kind | truth | trials | KEEP | REVERT | INCONCLUSIVE: equivalent / unresolved | "
-        "right | mean runs | mean load s | foreign CPU (median cores) | runs flagged |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "right | right within 120 s | time to a verdict s (min / median / max) | mean runs | "
+        "mean load s | foreign CPU (median cores) | runs flagged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple[str, str], list[dict]] = {}
     for t in trials:
@@ -240,9 +270,22 @@ def real_table(real: dict) -> list[str]:
         right = sum(
             t["decision"] == want and (finding is None or t["finding"] == finding) for t in ts
         )
+        times = sorted(t.get("measure_s") or math.inf for t in ts)
+        fast = sum(
+            t["decision"] == want
+            and (finding is None or t["finding"] == finding)
+            and (t.get("measure_s") or math.inf) <= 120
+            for t in ts
+        )
+        spread = (
+            f"{times[0]:.0f} / {times[n // 2]:.0f} / {times[-1]:.0f}"
+            if math.isfinite(times[-1])
+            else "-"
+        )
         lines.append(
             f"| {kind} | {truth} | {n} | {count['KEEP']} | {count['REVERT']} | {eq} / {unres} | "
-            f"{rate(right, n)} | {sum(t['runs'] for t in ts) / n:.1f} | "
+            f"{rate(right, n)} | {rate(fast, n) if 'measure_s' in ts[0] else '-'} | {spread} | "
+            f"{sum(t['runs'] for t in ts) / n:.1f} | "
             f"{sum(t['load_s'] for t in ts) / n:.0f} | "
             f"{sorted(t['foreign_cores_median'] for t in ts)[n // 2]:.2f} | "
             f"{sum(t['disturbed'] for t in ts)}/{sum(t['runs'] for t in ts)} |"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from simulate import Noise, fixed_decision, fixed_trial, sequential_trial, welch_interval
 
-from flagtrial import stats
+from flagtrial import spending, stats
 from flagtrial.designs import BeforeAfter, Interleaved
 from flagtrial.settings import Policy
 
@@ -61,26 +61,59 @@ def noise_models(fit: dict | None) -> list[Noise]:
     return models
 
 
-def _seq_cell(args: tuple[Noise, float, int, int, str, float]) -> dict:
-    noise, effect, trials, seed, protocol, g = args
-    stats.MIXTURE_VARIANCE = g
-    policy = Policy() if protocol == "interleaved" else Policy(protocol="before-after", runs=6)
-    design = (
-        Interleaved(1, "simulated") if protocol == "interleaved" else BeforeAfter(1, "simulated")
-    )
+class EveryPair:
+    """The procedure before planned looks, for comparison: the confidence sequence
+    (stats.anytime_interval) looked at after every pair, from the first it can bound."""
+
+    at = (5,)
+    horizon = 1 << 30
+
+    def is_look(self, pairs: int) -> bool:
+        return pairs >= 2
+
+    def critical(self, pairs: int, paths: int = 0) -> float:
+        return stats.anytime_multiplier(pairs, 0.05)
+
+
+class EveryPairInterleaved(Interleaved):
+    def looks(self, policy: Policy) -> spending.Looks:
+        return EveryPair()  # type: ignore[return-value]
+
+    @staticmethod
+    def _after(looks: spending.Looks, pairs: int) -> dict:
+        return {"after": pairs, "unit": "clean pairs"}
+
+
+# (first look, growth) of the planned looks; the default first
+LOOKS = [(spending.FIRST_LOOK, spending.GROWTH), (5, 1.5), (3, 1.2)]
+
+
+def _seq_cell(args: tuple[Noise, float, int, int, str, tuple[int, float]]) -> dict:
+    noise, effect, trials, seed, protocol, looks = args
+    spending.FIRST_LOOK, spending.GROWTH = looks
+    policy = Policy() if protocol != "before-after" else Policy(protocol="before-after", runs=6)
+    design = {
+        "interleaved": Interleaved(1, "simulated"),
+        "every-pair": EveryPairInterleaved(1, "simulated"),
+        "before-after": BeforeAfter(1, "simulated"),
+    }[protocol]
     rng = np.random.default_rng(seed)
     outs = [sequential_trial(policy, design, noise, effect, rng) for _ in range(trials)]
     return {
         "noise": noise.name,
         "effect_pct": effect,
         "protocol": protocol,
-        "g": g,
+        "looks": list(looks),
         "trials": trials,
         "decisions": dict(Counter(o.decision for o in outs)),
         "findings": dict(Counter(o.finding for o in outs)),
         "load_s_mean": float(np.mean([o.load_s for o in outs])),
         "load_s_p90": float(np.percentile([o.load_s for o in outs], 90)),
         "wall_s_mean": float(np.mean([o.wall_s for o in outs])),
+        # the time to a verdict, restarts included, as a distribution
+        "wall_s_pct": {
+            str(q): float(np.percentile([o.wall_s for o in outs], q)) for q in (10, 50, 90)
+        },
         "runs_mean": float(np.mean([o.runs for o in outs])),
     }
 
@@ -119,19 +152,20 @@ def main() -> None:
     fit = json.loads(fit_path.read_text()) if fit_path.exists() else None
     models = noise_models(fit)
     seq_jobs = [
-        (noise, e, args.trials, 1000 * i + j, "interleaved", 1.0)
+        (noise, e, args.trials, 1000 * i + j, protocol, LOOKS[0])
         for i, noise in enumerate(models)
         for j, e in enumerate(EFFECTS)
+        for protocol in ("interleaved", "every-pair")  # the same seeds: the same machines
     ]
-    # The mixture variance, measured on the main model; and the before-after design.
+    # Other look plans, on the main model; and the before-after design.
     seq_jobs += [
-        (BASE, e, args.trials // 2, 50_000 + 10 * j + k, "interleaved", g)
+        (BASE, e, args.trials // 2, 50_000 + 10 * j + k, "interleaved", looks)
         for j, e in enumerate(EFFECTS)
-        for k, g in enumerate((0.5, 2.0))
+        for k, looks in enumerate(LOOKS[1:])
     ]
     drift = models[5]
     seq_jobs += [
-        (noise, e, args.trials // 2, 60_000 + 100 * i + j, "before-after", 1.0)
+        (noise, e, args.trials // 2, 60_000 + 100 * i + j, "before-after", LOOKS[0])
         for i, noise in enumerate((BASE, drift))
         for j, e in enumerate(EFFECTS)
     ]
@@ -151,6 +185,7 @@ def main() -> None:
         "effects_pct": EFFECTS,
         "fixed_n": FIXED_N,
         "noise_models": [asdict(m) for m in models],
+        "looks": [list(plan) for plan in LOOKS],
         "sequential": seq,
         "fixed": fixed,
         "seconds": time.time() - began,

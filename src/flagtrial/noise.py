@@ -11,8 +11,9 @@ import math
 
 from pydantic import BaseModel
 
-from flagtrial import stats
+from flagtrial import spending, stats
 from flagtrial.designs import Interleaved
+from flagtrial.designs.interleaved import horizon
 from flagtrial.ledger import Ledger
 from flagtrial.reasons import Code, Reason
 from flagtrial.sequential import Sequential
@@ -75,11 +76,8 @@ def last_measured(ledger: Ledger, target: str, project: Project) -> tuple[int, N
 
 
 def bound_pairs(policy: Policy, noise: Noise) -> int:
-    """About how many pairs a trial gets within its bounds at that block cost (the first,
-    unpaired block taken out)."""
-    by_runs = policy.max_runs // noise.runs_per_block - 1
-    by_time = int((policy.max_seconds - noise.block_s) // (2 * noise.block_s))
-    return max(min(by_runs, by_time), 0)
+    """About how many pairs a trial gets within its bounds at that block cost."""
+    return horizon(policy, noise.runs_per_block, noise.block_s)
 
 
 def resolvable(policy: Policy, noise: Noise, trial_id: int) -> Reason:
@@ -91,7 +89,9 @@ def resolvable(policy: Policy, noise: Noise, trial_id: int) -> Reason:
     values = {"trial": trial_id, "sd_pct": stats.to_pct(noise.pair_sd), "pairs": pairs,
               "block_s": noise.block_s}  # fmt: skip
     se = noise.pair_sd / math.sqrt(max(pairs, 1))
-    half = stats.anytime_multiplier(pairs, 1.0 - policy.confidence) * se
+    # the interval at the trial's last planned look
+    critical = spending.plan(pairs, 1.0 - policy.confidence).critical(pairs)
+    half = math.inf if critical is None else critical * se
     if not math.isfinite(half):
         return Reason(code=Code.RESOLVES_NOTHING, values=values)
     margin = max(policy.harm_margin_pct, policy.improvement_margin_pct)

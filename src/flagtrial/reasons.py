@@ -39,6 +39,7 @@ class Code(StrEnum):
     BUSY = "busy"
     BOUND_RUNS = "bound-runs"
     BOUND_SECONDS = "bound-seconds"
+    BOUND_LOOKS = "bound-looks"
     BOUND_BEFORE_AFTER = "bound-before-after"
     # notes on the measurement and the facts
     INTERIM = "interim"
@@ -84,6 +85,7 @@ STOPS = frozenset(
         Code.BUSY,
         Code.BOUND_RUNS,
         Code.BOUND_SECONDS,
+        Code.BOUND_LOOKS,
         Code.BOUND_BEFORE_AFTER,
     }
 )
@@ -136,6 +138,10 @@ MESSAGES: dict[Code, str] = {
     ),
     Code.BOUND_RUNS: f"bound: {{max_runs}} runs per arm; {_SPENT}",
     Code.BOUND_SECONDS: f"bound: {{max_seconds:g}}s of measurement; {_SPENT}",
+    Code.BOUND_LOOKS: (
+        "bound: the last of {looks} planned looks, at the {pairs} pairs max_runs and "
+        f"max_seconds allow; {_SPENT}"
+    ),
     Code.BOUND_BEFORE_AFTER: (
         f"bound: {{candidate_max}} candidate runs or {{max_seconds:g}}s of measurement; {_SPENT}"
     ),

@@ -11,8 +11,9 @@ Two designs, chosen by what a restart costs:
   share the machine's slow wander, so the pair difference removes it; for AR(1) noise with
   lag-1 correlation phi between blocks, differences of adjacent pairs correlate at
   (2 phi^2 - phi - phi^3) / (2 (1 - phi)), -0.12 at phi = 0.6: pairs are about independent,
-  slightly conservatively so. The interval is a confidence sequence (`anytime_interval`),
-  valid however often it is looked at and whenever the trial stops.
+  slightly conservatively so. The primary metric's interval is `paired_interval` at the
+  critical value of a planned look (flagtrial.spending); the guardrails' is a confidence
+  sequence (`anytime_interval`), valid however often it is looked at.
 - Before/after (expensive restarts): A runs, B runs, then a short A re-check. Runs inside a
   segment are back-to-back, so each segment mean's variance uses the AR(1) factor at the
   larger of the estimated and the prior lag-1 correlation; drift is a bias bound until the
@@ -83,34 +84,46 @@ def anytime_multiplier(n: int, alpha: float, g: float | None = None) -> float:
 
 def anytime_interval(diffs: Sequence[float], confidence: float) -> Interval:
     """Confidence sequence for the mean of paired log differences (see anytime_multiplier)."""
+    return paired_interval(diffs, anytime_multiplier(len(diffs), 1.0 - confidence))
+
+
+def paired_interval(diffs: Sequence[float], critical: float | None) -> Interval:
+    """Mean of paired log differences +- `critical` standard errors (None: no interval yet)."""
     d = np.asarray(diffs, dtype=float)
     n = len(d)
     est = float(d.mean()) if n else 0.0
-    c = anytime_multiplier(n, 1.0 - confidence)
-    if not math.isfinite(c):
+    if critical is None or n < 2 or not math.isfinite(critical):
         return Interval(est, -math.inf, math.inf, n)
-    half = c * float(d.std(ddof=1)) / math.sqrt(n)
+    half = critical * float(d.std(ddof=1)) / math.sqrt(n)
     return Interval(est, est - half, est + half, n)
 
 
 def pairs_to_settle(
     diffs: Sequence[float],
-    confidence: float,
+    critical: Callable[[int], float],
     settles: Callable[[Interval], bool],
     limit: int,
 ) -> int | None:
-    """How many pairs in all the confidence sequence would likely need before `settles`
-    holds, were the estimate and the spread to stay what `diffs` show; None when not within
-    `limit` pairs (an estimate on a margin's edge never settles)."""
+    """How many pairs a trial would likely need in all for its interval after them (of
+    half-width `critical(n)` standard errors) to make `settles` hold, were the estimate and
+    the spread to stay what `diffs` show; None when not within `limit` pairs (an estimate on
+    a margin's edge never settles). The half-width shrinks with n, so a bisection finds it."""
     d = np.asarray(diffs, dtype=float)
     if len(d) < 2:
         return None
     est, sd = float(d.mean()), float(d.std(ddof=1))
-    for n in range(len(d) + 1, limit + 1):
-        half = anytime_multiplier(n, 1.0 - confidence) * sd / math.sqrt(n)
-        if math.isfinite(half) and settles(Interval(est, est - half, est + half, n)):
-            return n
-    return None
+
+    def ok(n: int) -> bool:
+        half = critical(n) * sd / math.sqrt(n)
+        return math.isfinite(half) and settles(Interval(est, est - half, est + half, n))
+
+    lo, hi = len(d), limit  # ok(lo) is taken as false: the trial did not settle there
+    if not ok(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 
 def ar1_mean_factor(n: int, rho: float) -> float:

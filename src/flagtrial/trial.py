@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from flagtrial import noise
 from flagtrial.arms import Arms
 from flagtrial.blocks import Blocks, ServerDiedError
+from flagtrial.designs import Interleaved
 from flagtrial.facts import Facts, FactsDiff, diff_facts
 from flagtrial.judge import Verdict
 from flagtrial.launch.change import Change
@@ -99,10 +100,12 @@ class Trial:
             if (d := seq.design) is not None and "design" not in p.journal.context:
                 # chosen by the procedure once the first block is measured
                 self.s.notify("design", d.why)
+                planned = d.looks(seq.policy).at if isinstance(d, Interleaved) else ()
                 p.journal.context["design"] = {
                     "kind": d.kind,
                     "runs_per_block": d.runs_per_block,
                     "why": d.why,
+                    **({"looks": list(planned)} if planned else {}),
                 }
         if (measured := noise.measured(seq, self.s.project)) is not None:
             p.journal.context["noise"] = measured.model_dump()  # for the next trial's plan

@@ -49,4 +49,9 @@ def choose_design(policy: Policy, restart_s: float | None, run_s: float) -> Desi
     if policy.protocol == "before-after" or (policy.protocol == "auto" and k > MAX_RUNS_PER_BLOCK):
         return BeforeAfter(policy.runs, f"before-after ({cost})")
     k = min(k, MAX_RUNS_PER_BLOCK)
-    return Interleaved(k, f"interleaved blocks of {k} run(s) ({cost})")
+    # the first block's runs (a warm-up included) and a restart: what each block will cost
+    block_s = None if restart_s is None else restart_s + k * run_s
+    design = Interleaved(k, "", block_s)
+    at = ", ".join(str(n) for n in design.looks(policy).at)
+    why = f"interleaved blocks of {k} run(s) ({cost}); looks after {at} pairs"
+    return Interleaved(k, why, block_s)

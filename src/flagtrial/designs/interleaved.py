@@ -1,6 +1,8 @@
-"""Interleaved restart blocks: baseline, candidate, baseline, candidate ...; after each block
-the confidence sequence of the paired log differences is looked at (stats.anytime_interval:
-valid at every look, so stopping early costs no error control)."""
+"""Interleaved restart blocks: baseline, candidate, baseline, candidate ...; the primary
+metric's paired log differences are looked at after the planned numbers of pairs, with the
+error rate spent over those looks (flagtrial.spending: stopping at any look, or at a bound
+between looks, keeps it). The guardrail metrics are watched after every block with the
+confidence sequence (stats.anytime_interval, valid however often it is looked at)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from flagtrial import stats
+from flagtrial import spending, stats
 from flagtrial.designs.base import Arm, Block
-from flagtrial.reasons import Code, Reason
+from flagtrial.reasons import Code, Reason, Value
+from flagtrial.settings import Policy
 
 if TYPE_CHECKING:
     from flagtrial.judge import Effect
@@ -22,6 +25,13 @@ class Interleaved:
     kind: Literal["interleaved"] = field(default="interleaved", init=False)
     runs_per_block: int  # runs per restart block
     why: str
+    # wall seconds a restart block was expected to cost when the design was chosen: with
+    # max_seconds it bounds the pairs the looks are planned over (None: max_runs alone)
+    block_s: float | None = None
+
+    def looks(self, policy: Policy) -> spending.Looks:
+        return spending.plan(horizon(policy, self.runs_per_block, self.block_s),
+                             1.0 - policy.confidence)  # fmt: skip
 
     def next(self, seq: Sequential, block: Block) -> Continue | Stop:
         k = self.runs_per_block
@@ -29,8 +39,10 @@ class Interleaved:
             return seq.measure(block, f"block {block.index + 1}, run {block.passes + 1}/{k}")
         policy = seq.policy
         pairs = self.pairs(seq, policy.primary_metric)
-        interval = stats.anytime_interval(pairs, policy.confidence)
-        stop = seq.stop_reason(interval, {"after": len(pairs), "unit": "clean pairs"})
+        looks = self.looks(policy)
+        looked = looks.is_look(len(pairs))
+        interval = self._primary(pairs, looks) if looked else None
+        stop = seq.stop_reason(interval, self._after(looks, len(pairs)))
         if stop:
             return seq.stop(stop, installed=block.arm)
         # A block without a clean run at the primary level is measured again, so a
@@ -50,6 +62,11 @@ class Interleaved:
                 code=Code.BOUND_SECONDS,
                 values={"max_seconds": policy.max_seconds, **seq.spent()},
             )
+        elif len(pairs) >= looks.horizon:  # the bounds came out looser than planned
+            bound = Reason(
+                code=Code.BOUND_LOOKS,
+                values={"looks": len(looks.at), "pairs": looks.horizon, **seq.spent()},
+            )
         if bound and seq.count("candidate") == 0:
             # No bound ends a trial before the candidate ran: its facts and one block of
             # runs are worth the overrun.
@@ -61,10 +78,28 @@ class Interleaved:
         return seq.measure(new, f"{arm} block {new.index + 1}{why}")
 
     def interval(self, seq: Sequential, metric: str, level: int) -> stats.Interval | None:
+        """The primary metric at the primary level from the planned looks (the stop is the
+        last look); the guardrail metrics from the confidence sequence they were watched by."""
+        if metric == seq.policy.primary_metric and level == seq.level:
+            return self._primary(self.pairs(seq, metric, level), self.looks(seq.policy))
+        return self.interval_now(seq, metric, level)
+
+    def interval_now(self, seq: Sequential, metric: str, level: int) -> stats.Interval | None:
         pairs = self.pairs(seq, metric, level)
         return stats.anytime_interval(pairs, seq.policy.confidence) if pairs else None
 
-    interval_now = interval
+    @staticmethod
+    def _primary(pairs: list[float], looks: spending.Looks) -> stats.Interval | None:
+        if not pairs:
+            return None
+        return stats.paired_interval(pairs, looks.critical(len(pairs)))
+
+    @staticmethod
+    def _after(looks: spending.Looks, pairs: int) -> dict[str, Value]:
+        if not looks.is_look(pairs):
+            return {"after": pairs, "unit": "clean pairs"}
+        look = looks.at.index(pairs) + 1
+        return {"after": pairs, "unit": f"clean pairs (look {look} of {len(looks.at)})"}
 
     def notes(self, seq: Sequential, effects: list[Effect]) -> list[Reason]:
         policy = seq.policy
@@ -73,8 +108,7 @@ class Interleaved:
         if primary is not None:
             return self._more_load(seq, primary)
         n = len(self.pairs(seq, policy.primary_metric))
-        alpha = 1 - policy.confidence
-        least = next(m for m in range(2, 999) if stats.anytime_multiplier(m, alpha) < math.inf)
+        least = self.looks(policy).at[0]
         return [
             Reason(code=Code.TOO_FEW_PAIRS, values={"pairs": n, "level": seq.level, "least": least})
         ]
@@ -93,7 +127,12 @@ class Interleaved:
             _, lo, hi = i.pct
             return PRIMARY.classify(policy, lo, hi) != "unresolved"
 
-        needed = stats.pairs_to_settle(pairs, policy.confidence, settles, limit)
+        alpha = 1.0 - policy.confidence
+
+        def critical(m: int) -> float:  # at the last look of a trial planned over m pairs
+            return spending.plan(m, alpha).critical(m, paths=spending.ADVICE_PATHS) or math.inf
+
+        needed = stats.pairs_to_settle(pairs, critical, settles, limit)
         if needed is None:
             pct = stats.to_pct(sum(pairs) / len(pairs)) if pairs else 0.0
             return [Reason(code=Code.MORE_LOAD_NO, values={"limit": limit, "pct": pct})]
@@ -125,3 +164,12 @@ class Interleaved:
         """Block -> mean log value of its clean runs, the unpaired first block left out."""
         by_block = seq.logs.get((level, metric), {})
         return {b: sum(v) / len(v) for b, v in by_block.items() if b >= 1}
+
+
+def horizon(policy: Policy, runs_per_block: int, block_s: float | None) -> int:
+    """The pairs a trial gets within its bounds at `runs_per_block` and (when known) `block_s`
+    wall seconds a restart block: the first, unpaired block taken out."""
+    pairs = policy.max_runs // runs_per_block - 1
+    if block_s is not None and block_s > 0:
+        pairs = min(pairs, int((policy.max_seconds - block_s) // (2 * block_s)))
+    return max(pairs, 0)
