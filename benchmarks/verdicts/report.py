@@ -408,7 +408,13 @@ def main() -> None:
         lines += [*real_table(results[key]), ""]
     (HERE / "results.md").write_text("\n".join(lines))
     if "simulated" in results:
-        real = [t for k, v in results.items() if k.startswith("real") for t in v["trials"]]
+        # the trials of the procedure before (no "procedure" recorded) on their own rows
+        real = [
+            {**t, "kind": t["kind"] if "procedure" in v else f"{t['kind']} (before)"}
+            for k, v in results.items()
+            if k.startswith("real")
+            for t in v["trials"]
+        ]
         plot(results["simulated"], real, HERE / "verdicts.png")
     print("\n".join(lines))
 
