@@ -3,6 +3,7 @@ between them by what a restart costs against a run (choose_design)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from flagtrial.designs.base import Arm, Block, Design, DesignKind, Phase, Run
@@ -51,7 +52,6 @@ def choose_design(policy: Policy, restart_s: float | None, run_s: float) -> Desi
     k = min(k, MAX_RUNS_PER_BLOCK)
     # the first block's runs (a warm-up included) and a restart: what each block will cost
     block_s = None if restart_s is None else restart_s + k * run_s
-    design = Interleaved(k, "", block_s)
+    design = Interleaved(k, f"interleaved blocks of {k} run(s) ({cost})", block_s)
     at = ", ".join(str(n) for n in design.looks(policy).at)
-    why = f"interleaved blocks of {k} run(s) ({cost}); looks after {at} pairs"
-    return Interleaved(k, why, block_s)
+    return dataclasses.replace(design, why=f"{design.why}; looks after {at} pairs")
