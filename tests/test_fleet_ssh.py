@@ -4,6 +4,7 @@ machine's Python read-only at its own path: Ansible's modules run under it there
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import subprocess
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from flagtrial.fleet.hosts import Fleet
+from flagtrial.fleet.promote import wait_for_modules
 from flagtrial.ledger import Ledger
 from harness.cli import cli, command, environment
 from harness.hosts import (
@@ -414,6 +417,32 @@ def test_killed_mid_wave_then_recover(hosts: list[SystemdHost], project: Path) -
     code, rows, _ = status(project)
     assert code == 0
     assert [r["spec"] for r in rows.values()] == ["known-good", "known-good", "differs"]
+
+
+def test_a_module_a_stopped_play_left_running_is_waited_for(
+    hosts: list[SystemdHost], project: Path
+) -> None:
+    """A module the play ran on a host outlives the play stopped here (the SSH master keeps
+    it going); the rollback waits for it, named by the promotion's remote_tmp: this
+    promotion's, not another's."""
+    host = hosts[0]
+    module = "/root/.ansible/tmp/flagtrial-promotion-77/ansible-tmp-1/AnsiballZ_copy.py"
+    host.sh(
+        f"rm -f /tmp/landed; setsid sh -c 'sleep 6; touch /tmp/landed' {module} "
+        "</dev/null >/dev/null 2>&1 &"
+    )
+
+    async def wait(trial_id: int) -> None:
+        fleet = Fleet.open(project, "gpus", lambda kind, detail: None)
+        try:
+            await wait_for_modules(fleet.sessions[host.name].target, trial_id)
+        finally:
+            await fleet.aclose()
+
+    asyncio.run(wait(7))
+    assert host.sh("test -e /tmp/landed", check=False).returncode != 0
+    asyncio.run(wait(77))
+    assert host.sh("test -e /tmp/landed", check=False).returncode == 0
 
 
 def test_sigterm_mid_wave_rolls_every_host_back(hosts: list[SystemdHost], project: Path) -> None:

@@ -214,9 +214,13 @@ def test_declared_facts_replace_only_the_platform_queries_vllm(
 def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
     vllm_bin: Path,  # noqa: F811
     hf_model: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     model = str(hf_model)
-    on_cuda = resolve_local(vllm_bin, "vllm", ["serve", model], SM90)
+    # A cache without the model's info, as on a fresh host: vLLM inspects the model class and
+    # saves what it found by importing its layers (CUDA-only ops on this CPU build).
+    cold = {"VLLM_CACHE_ROOT": str(tmp_path)}
+    on_cuda = resolve_local(vllm_bin, "vllm", ["serve", model], SM90, env=cold)
     assert on_cuda.status == "resolved", on_cuda
     on_cpu = resolve_local(vllm_bin, "vllm", ["serve", model, "--max-num-seqs", "0"])
     assert on_cpu.status == "raised"

@@ -24,8 +24,10 @@ _PREFIX = re.compile(
 # SGLang srt/arg_groups/overrides.py:1308 "..., will fallback to torch_native backend.");
 # vLLM 0.32 CPU: "Reducing Torch threads from 2 to 1 for serving." (utils/torch_utils.py:295),
 # "Model Runner V2 requires Triton; using the V1 model runner instead." (config/vllm.py:725).
+# Whole words only: nanobind's leak report at a Triton process's exit (`- leaked function
+# "get_disable_loop_licm_attr"`, printed at some exits, not others) names no decision.
 OVERRIDE = re.compile(
-    r"Overriding|[Ff]all(?:ing)? ?back|defaulting to|[Dd]isabl|precluded|Reducing|\binstead\b"
+    r"\b(?:Overriding|[Ff]all(?:ing)? ?back|defaulting to|[Dd]isabl|precluded|Reducing|instead\b)"
 )
 # Dumps of every setting mention "disable_..." by name: they are settings, not decisions.
 DUMPS = ("server_args=", "non-default args:", "with config:")

@@ -25,11 +25,12 @@ Declared facts replace the platform query and nothing else: torch's device queri
 (`torch.cuda.is_available`, `device_count`, `get_device_capability`, `get_device_name`,
 `get_device_properties`, `mem_get_info`), `torch.version.cuda` / `.hip`, and for vLLM its
 platform object (vllm.platforms._current_platform: the engine's CUDA or ROCm class with its
-device-query classmethods answered from the facts). GPU memory is a declared fact too; when
-none is declared, SGLang's memory query (`get_device_memory_capacity`) answers None, its own
-"memory unknown" path, and vLLM's `get_device_total_memory` raises, which its batch defaults
-treat as unknown. A raise the stand-ins cause (a CUDA call on CPU torch, a stand-in kernel)
-is "unresolved", never the engine's verdict.
+device-query classmethods answered from the facts; a model's info it inspected is used, not
+saved to its cache). GPU memory is a declared fact too; when none is declared, SGLang's
+memory query (`get_device_memory_capacity`) answers None, its own "memory unknown" path, and
+vLLM's `get_device_total_memory` raises, which its batch defaults treat as unknown. A raise
+the stand-ins cause (a CUDA call on CPU torch, a stand-in kernel) is "unresolved", never the
+engine's verdict.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _attr(module: str, attr: str) -> _StandIn:
     return _StandIn(f"{module}.{attr}")
 
 
-def _patch(owner: types.ModuleType, name: str, value: Any) -> None:
+def _patch(owner: Any, name: str, value: Any) -> None:
     if getattr(owner, name, None) is not value:  # `torch.version.hip = None` on CUDA torch
         setattr(owner, name, value)
         _patched.append(f"{owner.__name__}.{name}")
@@ -234,6 +235,17 @@ def declare_vllm(facts: dict[str, Any]) -> None:
     # the class overrides exactly these: get_device_capability, get_device_name,
     # get_device_total_memory, device_count, is_fully_connected
     _patch(platforms, "_current_platform", declared())
+
+
+def keep_model_infos_unsaved() -> None:
+    """A model class vLLM has no cached info for is inspected in a subprocess (on this
+    machine's own platform: its info does not depend on it), then saved to the cache by
+    code that imports the model layers (model_executor/models/registry.py
+    `_save_modelinfo_to_cache`), which on a CPU build under a declared CUDA platform raise
+    on CUDA-only ops. On declared facts the info is used and not saved."""
+    from vllm.model_executor.models import registry
+
+    _patch(registry._LazyRegisteredModel, "_save_modelinfo_to_cache", lambda *args: None)
 
 
 def _plain(value: Any) -> Any:
@@ -361,6 +373,8 @@ def main(argv: list[str]) -> int:
             importlib.import_module(ARG_MODULES[engine])
             if declared and engine == "sglang":
                 declare_sglang(facts)
+            if declared and engine == "vllm":
+                keep_model_infos_unsaved()
         except Exception as e:
             raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
         out = {"status": "resolved", **resolver(request["argv"])}

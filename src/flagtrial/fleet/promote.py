@@ -40,7 +40,7 @@ from flagtrial.records import TrialRow
 from flagtrial.session import Session, restore_detail
 from flagtrial.settings import DeclaredGpu
 from flagtrial.states import TrialState
-from flagtrial.targets.base import HostFacts
+from flagtrial.targets.base import HostFacts, Target
 from flagtrial.targets.holder import proc_start_ticks
 
 if TYPE_CHECKING:
@@ -48,6 +48,13 @@ if TYPE_CHECKING:
     from flagtrial.trial import TrialOutcome
 
 PLAY = Path(__file__).with_name("promote.yml")
+# A play stopped here leaves the module it ran on a host running there (it was sent over SSH:
+# a copy's rename can land a second later). Each promotion's modules run from a directory of
+# their own (Ansible's remote_tmp), so their command lines name it and can be waited for.
+MODULES_DIR = "flagtrial-promotion-{trial}"
+REMOTE_TMP = "~/.ansible/tmp/" + MODULES_DIR
+MODULES_POLL_S = 0.5
+MODULES_TIMEOUT_S = 120.0
 
 Outcome = Literal["promoted", "rolled back", "unfinished", "not reached", "skipped"]
 
@@ -100,6 +107,9 @@ async def recover(fleet: Fleet) -> dict[str, dict[int, str] | FlagtrialError]:
 
     async def one(host: FleetHost, session: Session) -> dict[int, str]:
         left = session.ledger.unfinished_trials(session.target.name)
+        for row in left:
+            if "promotion" in row.record:
+                await wait_for_modules(session.target, int(row.record["promotion"]["trial"]))
         await session.recover()
         return {t.id: session.ledger.trial(t.id).state for t in left}
 
@@ -109,6 +119,28 @@ async def recover(fleet: Fleet) -> dict[str, dict[int, str] | FlagtrialError]:
             await stack.enter_async_context(target.lock("flagtrial fleet recover"))
         stop_left_plays(fleet)
         return await fleet.each(fleet.hosts, one)
+
+
+async def wait_for_modules(target: Target, trial_id: int) -> None:
+    """Until no module of promotion `trial_id`'s play runs on the host, read twice a poll
+    apart (an exec the play's SSH master had been asked for starts late)."""
+    # The bracket keeps this command's own command line (and its shell's) from matching.
+    pattern = "[f]" + MODULES_DIR.format(trial=trial_id).removeprefix("f") + "/"
+    script = f"grep -l -a -e '{pattern}' /proc/[0-9]*/cmdline 2>/dev/null; true"
+    deadline, empty = time.monotonic() + MODULES_TIMEOUT_S, 0
+    while True:
+        rc, out = await target.run(["sh", "-c", script])
+        if rc != 0:
+            raise TargetError(f"cannot read the processes on {target.name}: {out}")
+        empty = empty + 1 if not out.strip() else 0
+        if empty == 2:
+            return
+        if time.monotonic() > deadline:
+            raise TargetError(
+                f"the promotion's Ansible module still runs on {target.name} after "
+                f"{MODULES_TIMEOUT_S:.0f} s"
+            )
+        await asyncio.sleep(MODULES_POLL_S)
 
 
 @dataclass
@@ -293,7 +325,13 @@ def _run_play(
         inventory=str(fleet.inventory),
         extravars=extravars,
         # ansible-playbook from this interpreter's environment, where ansible-core is
-        envvars={**_ssh_args(fleet), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        envvars={
+            **_ssh_args(fleet),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            # each module a file under it, so a stopped play's last module can be waited for
+            "ANSIBLE_REMOTE_TMP": REMOTE_TMP.format(trial=trial_id),
+            "ANSIBLE_PIPELINING": "False",
+        },
         forks=policy.forks,
         quiet=True,
         cancel_callback=stop.is_set,
@@ -398,8 +436,10 @@ async def settle(
             why = (e.detail for e in ledger.events(row.id) if e.state == TrialState.REVERTING)
             out.detail = " ".join(next(why, "").split())  # one line: Ansible's may be several
         else:
-            # Cut off inside the play (the host stopped answering): recovered when it answers.
+            # Cut off inside the play (stopped, or the host stopped answering): recovered
+            # when it answers, once the module the play left running there has ended.
             try:
+                await wait_for_modules(session.target, trial_id)
                 await session.recover()
             except FlagtrialError as e:
                 out.detail = f"{e}: run `flagtrial fleet recover {fleet.group}`"
