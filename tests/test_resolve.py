@@ -388,3 +388,38 @@ def test_the_prediction_held_against_the_report() -> None:
     assert predicted.check(Facts(engine="sglang")).reason() is None  # type: ignore[union-attr]
     refused = Prediction(known_good=good, candidate=_res("raised"), diff=None)
     assert refused.check(same) is None
+
+
+def test_a_flag_the_cpu_platform_overrides_is_a_no_op_by_the_whole_configuration(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """vLLM CPU 0.32.0 resolves `--async-scheduling` back off (platforms/cpu.py
+    check_and_update_config): every field of the configuration is the same with and without
+    it, and the flag reaches the server only through it: NO-OP, though the source shows reads
+    that act on other platforms. `--disable-log-stats` leaves the configuration alone too but
+    acts in the engine client (v1/engine/async_llm.py reads `engine_args.disable_log_stats`):
+    it stands as the source analysis says."""
+    model = str(hf_model)
+    good = resolve_local(vllm_bin, "vllm", ["serve", model])
+    cpu = GateHost(platform="cpu", gpu_count=0)
+    outcomes, reasons = {}, {}
+    for flag in ("--async-scheduling", "--disable-log-stats"):
+        cand = resolve_local(vllm_bin, "vllm", ["serve", model, flag])
+        assert cand.status == "resolved", cand
+        assert len(cand.record) > 300 and cand.record == good.record
+        (static,) = analyze_change("vllm", "0.32.0", [(flag, None)], cpu, command=[flag])
+        (finding,) = combine([static], good, cand)
+        outcomes[flag] = (static.outcome, finding.outcome)
+        reasons[flag] = finding.reason
+    assert "async_scheduling" in good.config_only
+    assert "disable_log_stats" not in good.config_only
+    assert outcomes["--async-scheduling"][1] == Outcome.NO_OP
+    assert reasons["--async-scheduling"] == (
+        "the engine's own resolution gives the same configuration with and without it"
+    )
+    assert outcomes["--disable-log-stats"][1] == outcomes["--disable-log-stats"][0]
+    assert outcomes["--disable-log-stats"][1] != Outcome.NO_OP
+    # a flag that moves a field: the records differ, the rule does not apply
+    block = resolve_local(vllm_bin, "vllm", ["serve", model, "--block-size", "64"])
+    assert block.record["cache_config.block_size"] == 64 != good.record["cache_config.block_size"]

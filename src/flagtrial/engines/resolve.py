@@ -117,8 +117,13 @@ class Resolution(BaseModel):
     # Whether `settings` is the whole resolved record (SGLang's resolved_dict), so that two
     # equal records mean the server behaves alike; vLLM's config line is a summary.
     complete: bool = False
+    # vLLM: every field of the resolved configuration (all the engine core is given), and
+    # the engine arguments whose values reach the server only through it (read by the
+    # config's creation, read by name nowhere else in the engine's source).
+    record: dict[str, Scalar] = Field(default_factory=dict)
+    config_only: list[str] = Field(default_factory=list)
 
-    @field_validator("settings")
+    @field_validator("settings", "record")
     @classmethod
     def _no_secrets(cls, v: dict[str, Scalar]) -> dict[str, Scalar]:
         """Redacted as read, like the server's own report (Facts), so the two compare."""
@@ -181,6 +186,8 @@ def parse(
         stood_in=out.get("stood_in") or [],
         seconds=out.get("seconds"),
         complete=engine == "sglang",
+        record=out.get("record") or {},
+        config_only=out.get("config_only") or [],
     )
 
 

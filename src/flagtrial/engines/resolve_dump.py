@@ -286,7 +286,8 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
         args.model = args.model_tag
     cli.validate_parsed_serve_args(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    with _reads_of(engine_args) as read:
+        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     scheduler, cache = config.scheduler_config, config.cache_config
     # The API server's own arguments (not engine arguments) as it parsed them.
     frontend = {f"frontend.{k}": v for k, v in vars(args).items() if not hasattr(engine_args, k)}
@@ -301,7 +302,76 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
                 **frontend,
             }
         ),
+        "record": _plain(_config_record(config)),
+        "config_only": sorted(read - _read_beyond_config(engine_args)),
     }
+
+
+# Drawn afresh at every start: not a setting of the command.
+_DRAWN = ("instance_id",)
+
+
+def _config_record(config: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    """Every field of vLLM's resolved configuration (VllmConfig, its nested configs), dotted:
+    all the engine core is given."""
+    import dataclasses
+    import enum
+
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        key, value = f"{prefix}{f.name}", getattr(config, f.name, None)
+        if key in _DRAWN:
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type) and depth < 4:
+            out.update(_config_record(value, key + ".", depth + 1))
+        elif isinstance(value, enum.Enum):
+            out[key] = str(value)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        else:
+            out[key] = repr(value)[:500]
+    return out
+
+
+@contextlib.contextmanager
+def _reads_of(engine_args: Any) -> Any:
+    """The fields of `engine_args` read inside the block (by the config's creation)."""
+    read: set[str] = set()
+    fields, own = set(vars(engine_args)), type(engine_args)
+
+    def reading(self: Any, name: str) -> Any:
+        if name in fields:
+            read.add(name)
+        return object.__getattribute__(self, name)
+
+    engine_args.__class__ = type("Watched" + own.__name__, (own,), {"__getattribute__": reading})
+    try:
+        yield read
+    finally:
+        engine_args.__class__ = own
+
+
+def _read_beyond_config(engine_args: Any) -> set[str]:
+    """Engine-argument fields vLLM's source reads by name outside the argument module and the
+    config package (`engine_args.disable_log_stats` in the engine client, `args.X` in the
+    entrypoints): their values reach the server by more than its configuration. By name and
+    by any receiver called `args`, so more fields than are, never fewer."""
+    import re
+
+    root = os.path.dirname(importlib.import_module("vllm").__file__ or "")
+    fields = set(vars(engine_args))
+    pattern = re.compile(r"\b(?:engine_args|args)\.(\w+)\b")
+    found: set[str] = set()
+    for folder, _dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        if rel == "config" or rel.startswith("config" + os.sep):
+            continue
+        for name in files:
+            if not name.endswith(".py") or (rel == "engine" and name == "arg_utils.py"):
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as fh:
+                found.update(m for m in pattern.findall(fh.read()) if m in fields)
+    return found
 
 
 class _NoEngine(Exception):

@@ -79,6 +79,26 @@ def reasons(findings: list[GateFinding]) -> list[Reason]:
     ]
 
 
+def _same_config(finding: GateFinding, cand: Resolution) -> GateFinding:
+    """vLLM resolves both commands to the same configuration: an edit whose settings reach
+    the server only through it is a NO-OP there; any other stands (`--disable-log-stats`
+    leaves the configuration alone and acts in the engine client)."""
+    if finding.outcome not in (Outcome.ACTIVE, Outcome.UNKNOWN) or not finding.fields:
+        return finding
+    if not set(finding.fields) <= set(cand.config_only):
+        return finding
+    note = Evidence(
+        role="note",
+        note=f"the engine resolves both commands to the same configuration, all "
+        f"{len(cand.record)} fields ({cand.facts}); {', '.join(finding.fields)} reach the "
+        "server only through it",
+    )
+    reason = "the engine's own resolution gives the same configuration with and without it"
+    return finding.model_copy(
+        update={"outcome": Outcome.NO_OP, "reason": reason, "evidence": [note, *finding.evidence]}
+    )
+
+
 def combine(
     findings: list[GateFinding],
     resolution_known_good: Resolution | None,
@@ -96,6 +116,8 @@ def combine(
       cannot tell what fails here; findings stand.
     - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
       configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
+    - Both resolve to the same configuration (vLLM's VllmConfig, every field): an ACTIVE or
+      UNKNOWN edit whose settings reach the server only through it is a NO-OP.
     - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
       a raise in argument resolution not ruled out (`unless_raised`) gets the outcome its
       reads show, since that code ran with this command on this host and did not raise.
@@ -151,6 +173,8 @@ def combine(
             else f
             for f in findings
         ]
+    if good.record and good.record == cand.record:
+        return [_same_config(f, cand) for f in findings]
     if cand.status == "resolved" and cand.complete:
         ran = Evidence(
             role="note",
