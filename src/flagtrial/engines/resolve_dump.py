@@ -354,13 +354,16 @@ def _reads_of(engine_args: Any) -> Any:
 def _read_beyond_config(engine_args: Any) -> set[str]:
     """Engine-argument fields vLLM's source reads by name outside the argument module and the
     config package (`engine_args.disable_log_stats` in the engine client, `args.X` in the
-    entrypoints): their values reach the server by more than its configuration. By name and
-    by any receiver called `args`, so more fields than are, never fewer."""
+    entrypoints, `getattr(args, "X", ...)`): their values reach the server by more than its
+    configuration. By name and by any receiver called `args`, so more fields than are; a
+    loop over every field (`vars(args)`, the non-default-args log line) is not seen."""
     import re
 
     root = os.path.dirname(importlib.import_module("vllm").__file__ or "")
     fields = set(vars(engine_args))
-    pattern = re.compile(r"\b(?:engine_args|args)\.(\w+)\b")
+    pattern = re.compile(
+        r"\b(?:engine_args|args)\.(\w+)\b|getattr\(\s*(?:engine_args|args)\s*,\s*[\"'](\w+)"
+    )
     found: set[str] = set()
     for folder, _dirs, files in os.walk(root):
         rel = os.path.relpath(folder, root)
@@ -370,7 +373,7 @@ def _read_beyond_config(engine_args: Any) -> set[str]:
             if not name.endswith(".py") or (rel == "engine" and name == "arg_utils.py"):
                 continue
             with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as fh:
-                found.update(m for m in pattern.findall(fh.read()) if m in fields)
+                found.update(m for pair in pattern.findall(fh.read()) for m in pair if m in fields)
     return found
 
 
