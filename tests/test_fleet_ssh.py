@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from flagtrial.fleet.hosts import Fleet
-from flagtrial.fleet.promote import wait_for_modules
+from flagtrial.fleet.promote import REMOTE_TMP, wait_for_modules
 from flagtrial.ledger import Ledger
 from harness.cli import cli, command, environment
 from harness.hosts import (
@@ -179,8 +179,12 @@ def test_kept_change_promoted_in_waves(hosts: list[SystemdHost], project: Path) 
     for h in hosts:
         assert h.read(UNIT_PATH) == CANDIDATE.encode(), h.name
         assert h.sh("systemctl is-active llama.service").stdout.strip() == "active"
+    # Real Ansible ran this promotion's modules from its own folder there (what a rollback
+    # after a stopped play waits on): the folder it leaves once each module is done.
+    modules = REMOTE_TMP.format(trial=promotion["trial_id"]).replace("~", "/root", 1)
     for h in hosts[1:]:
         assert h.read(UNIT_PATH + ".flagtrial-prev") == KNOWN_GOOD.encode()
+        assert h.sh(f"test -d {modules}", check=False).returncode == 0, h.name
     code, rows, _ = status(project)
     assert code == 0
     assert [(r["spec"], r["facts"], r["serving"]) for r in rows.values()] == [

@@ -302,7 +302,7 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
                 **frontend,
             }
         ),
-        "record": _plain(_config_record(config)),
+        "record": _config_record(config),
         "config_only": sorted(read - _read_beyond_config(engine_args)),
     }
 
@@ -312,8 +312,8 @@ _DRAWN = ("instance_id",)
 
 
 def _config_record(config: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
-    """Every field of vLLM's resolved configuration (VllmConfig, its nested configs), dotted:
-    all the engine core is given."""
+    """Every field of vLLM's resolved configuration (VllmConfig, its nested configs), dotted,
+    each a plain value (anything else as its repr): all the engine core is given."""
     import dataclasses
     import enum
 
