@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/gates/evaluate.py --split dev [--with-resolution]
 
-`--split held` is for the final measurement only (see corpus/README.md): the held-back half
-is never read while the analysis is developed. Writes results-<split>.json next to this file
-and prints right / UNKNOWN / wrong per expected outcome and engine, and the confusion matrix
-(predicted ACTIVE / NO-OP / FAILS / UNKNOWN x expected ACTIVE / NO-OP / FAILS).
+`--split held` and `--split fresh` are for final measurements only (see corpus/README.md):
+the held-back cases are never read while the analysis is developed. Writes
+results-<split>.json next to this file and prints right / UNKNOWN / wrong per expected
+outcome and engine, and the confusion matrix (predicted ACTIVE / NO-OP / FAILS / UNKNOWN x
+expected ACTIVE / NO-OP / FAILS).
 
 The analysis is called as the issue-13 contract states (gates-contract.md):
 `analyze_change(engine, version, [(flag, value)], host, tp, command=..., model=...)`.
@@ -211,7 +212,7 @@ def render(title: str, s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--split", choices=("dev", "held"), required=True)
+    ap.add_argument("--split", choices=("dev", "held", "fresh"), required=True)
     ap.add_argument(
         "--with-resolution",
         action="store_true",
