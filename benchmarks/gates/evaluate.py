@@ -46,6 +46,21 @@ def load_cases(split: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def situation(case: dict[str, Any]) -> tuple[Any, ...]:
+    """What a case asks: the same edit of the same engine on the same host and model."""
+    host = case["host"]
+    edit = case["edit"]
+    where = (host["platform"], host["sm"], host["gfx"])
+    return (case["engine"], case["version"], edit["flag"], edit["value"], where, case["model"])
+
+
+def unseen(cases: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The fresh cases that ask nothing a dev or held case asks, and how many were left out."""
+    seen = {situation(c) for split in ("dev", "held") for c in load_cases(split)}
+    kept = [c for c in cases if situation(c) not in seen]
+    return kept, len(cases) - len(kept)
+
+
 def load_models() -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((CORPUS / "models").glob("*.json"))}
 
@@ -233,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     cases = [c for c in load_cases(args.split) if not args.case or c["id"] in args.case]
+    if args.split == "fresh":
+        cases, repeated = unseen(cases)
+        print(f"fresh: {len(cases)} cases; {repeated} left out as repeating a dev or held case")
     models = load_models()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ft-corpus-models-") as tmp:
