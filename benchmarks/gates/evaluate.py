@@ -33,8 +33,6 @@ OUTCOMES = ("ACTIVE", "NO-OP", "FAILS")
 PREDICTED = (*OUTCOMES, "UNKNOWN")
 ENGINES = ("sglang", "vllm")
 TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
-# Where the engine is installed here, its own resolution can be run (issue 13 item 1).
-RESOLVABLE = {("sglang", "0.5.23"), ("vllm", "0.32.0")}
 
 
 class ApiMissing(RuntimeError):
@@ -155,7 +153,7 @@ def analyze(case: dict[str, Any], model: dict[str, Any] | None, current_api: boo
     return findings[0]
 
 
-def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> Any:
+def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path, python: Path) -> Any:
     """Static + the engine's own resolution of known-good and candidate, run here in the
     engine's installed venv with the case's GPU facts declared (helper "resolve":
     engines/resolve.py `resolve_local`, gates/preflight.py `combine`)."""
@@ -164,9 +162,6 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path) -> 
         from flagtrial.gates.preflight import combine
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
-    from flagtrial.cache import sglang_python, vllm_python
-
-    python = sglang_python() if case["engine"] == "sglang" else vllm_python()
     edit = case["edit"]
     argv = [str(model_dir) if w == "MODEL" else w for w in case["command"]]
     facts = ResolveFacts.from_gate_host(gate_host(case["host"], contract_api()))
@@ -252,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         cases, repeated = unseen(cases)
         print(f"fresh: {len(cases)} cases; {repeated} left out as repeating a dev or held case")
     models = load_models()
+    from flagtrial.cache import installed_engines
+
+    resolvable = installed_engines() if args.with_resolution else {}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ft-corpus-models-") as tmp:
         model_dirs = {}
@@ -276,9 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             row["static_s"] = round(time.perf_counter() - start, 3)
             if args.with_resolution:
                 row["combined"] = row["static"]
-                if finding is not None and (case["engine"], case["version"]) in RESOLVABLE:
+                # where the engine's release is installed here its own resolution runs
+                if finding is not None and (case["engine"], case["version"]) in resolvable:
                     try:
-                        combined = resolve_and_combine(case, finding, model_dirs[case["model"]])
+                        python = resolvable[(case["engine"], case["version"])]
+                        combined = resolve_and_combine(
+                            case, finding, model_dirs[case["model"]], python
+                        )
                         row["combined"] = outcome_label(combined.outcome)
                         row["combined_reason"] = combined.reason
                     except ApiMissing as e:
@@ -287,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     report: dict[str, Any] = {"split": args.split, "static": score(rows, "static")}
+    if args.with_resolution:
+        report["resolved_releases"] = sorted(f"{e} {v}" for e, v in resolvable)
     out = [render(f"{args.split}: static analysis", report["static"])]
     if args.with_resolution:
         report["combined"] = score(rows, "combined")

@@ -1,5 +1,6 @@
 """The engine's own resolution on the gates corpus' development half (never the held half),
-for the engines installed here (SGLang 0.5.23 on torch CPU, vLLM CPU 0.32.0), and its time.
+for the engines installed here (SGLang 0.5.23 and 0.5.10 on torch CPU, vLLM CPU 0.32.0), and
+its time.
 
 Per case: the known-good (the command without the edit) and the candidate resolved with the
 case's host as declared facts; what resolution alone says (gates/preflight.py `combine` on an
@@ -18,13 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from flagtrial.cache import cache_root, sglang_python, vllm_python
+from flagtrial.cache import cache_root, installed_engines
 from flagtrial.engines.resolve import Resolution, ResolveFacts, resolve_local
 from flagtrial.gates.model import GateFinding, Outcome
 from flagtrial.gates.preflight import combine
 
 HERE = Path(__file__).parent
-INSTALLED = {("sglang", "0.5.23"): sglang_python(), ("vllm", "0.32.0"): vllm_python()}
+INSTALLED = installed_engines()
 TOKENIZER = cache_root() / "models" / "tiny-llama-hf"
 
 

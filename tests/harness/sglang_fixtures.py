@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import flagtrial
-from flagtrial.cache import cache_root, sglang_python
+from flagtrial.cache import SGLANG_OLDER_VERSION, SGLANG_VERSION, cache_root, sglang_python
 from flagtrial.demo import free_port
 from flagtrial.engines.base import wait_ready
 from flagtrial.engines.sglang import SglangEngine
@@ -41,13 +41,25 @@ MODULE = "sglang.launch_server"
 KV_TOKENS = 2048
 
 
-@pytest.fixture(scope="session")
-def sglang_bin() -> Path:
-    path = sglang_python()
+def _installed(version: str) -> Path:
+    path = sglang_python(version)
     if not path.exists():
         # make test installs it first; a missing venv is a set-up failure, not a skip.
-        pytest.fail(f"SGLang not installed at {path}: run scripts/install-sglang.sh")
+        pytest.fail(
+            f"SGLang {version} not installed at {path}: run "
+            f"SGLANG_VERSION={version} scripts/install-sglang.sh"
+        )
     return path
+
+
+@pytest.fixture(scope="session")
+def sglang_bin() -> Path:
+    return _installed(SGLANG_VERSION)
+
+
+@pytest.fixture(scope="session")
+def sglang_older_bin() -> Path:
+    return _installed(SGLANG_OLDER_VERSION)
 
 
 @pytest.fixture(scope="session")

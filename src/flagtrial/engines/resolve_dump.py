@@ -15,7 +15,8 @@ What runs is what the server runs at start before it loads weights:
   raw record), resolve_once (the whole resolution pipeline, srt/arg_groups/pipeline.py),
   check_server_args, resolve_auto_parsers. Left out: `_set_envs_and_config` (process
   environment, signal handlers, package-version asserts), port allocation.
-  Before 0.5.23's resolve_once, ServerArgs.__post_init__ resolved inside prepare_server_args.
+  Before 0.5.23's resolve_once (0.5.10), ServerArgs.__post_init__ resolved inside
+  prepare_server_args, and there were no plugins to load.
 - vLLM (`vllm serve`, entrypoints/cli/serve.py and launchers/api_server/entry.py):
   make_arg_parser, validate_parsed_serve_args, AsyncEngineArgs.from_cli_args,
   create_engine_config (every config and the platform's check_and_update_config; it reads
@@ -253,10 +254,10 @@ def _plain(value: Any) -> Any:
 
 
 def resolve_sglang(argv: list[str]) -> dict[str, Any]:
-    from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
-    load_plugins()
+    if importlib.util.find_spec("sglang.srt.plugins") is not None:  # 0.5.10 has no plugins
+        importlib.import_module("sglang.srt.plugins").load_plugins()
     args = _parsed(lambda: prepare_server_args(argv))
     if hasattr(args, "resolve_once"):
         args.resolve_once()
@@ -275,11 +276,18 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     cli = None
-    for name in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+    for name in (  # where make_arg_parser lives, newest release first
+        "vllm.entrypoints.common.cli_args",
+        "vllm.entrypoints.launchers.cli_args",
+        "vllm.entrypoints.openai.cli_args",
+    ):
         with contextlib.suppress(ModuleNotFoundError):
             cli = importlib.import_module(name)
-            break
-    assert cli is not None, "no vLLM serve parser module"
+            if hasattr(cli, "make_arg_parser"):
+                break
+            cli = None
+    if cli is None:  # not the engine's verdict: this release is laid out as none known here
+        raise _NoEngine("no vLLM serve parser module (make_arg_parser) known here")
     words = argv[1:] if argv[:1] == ["serve"] else argv
     args = _parsed(lambda: cli.make_arg_parser(FlexibleArgumentParser()).parse_args(words))
     if getattr(args, "model_tag", None) is not None:
@@ -408,7 +416,7 @@ def _innermost(tb: Any, package: str) -> tuple[str | None, int | None]:
 
 def _ours(e: BaseException, declared: bool) -> str | None:
     """Why a raise is the stand-ins' doing, not the engine's verdict; None if it is not. On
-    declared facts a missing module is one the GPU host has and this venv lacks."""
+    declared facts a missing module or torch op is one the GPU host has and this venv lacks."""
     text = f"{type(e).__name__}: {e}"
     chain = [e]
     while chain[-1].__cause__ or chain[-1].__context__:
@@ -421,7 +429,12 @@ def _ours(e: BaseException, declared: bool) -> str | None:
         "torch._C' has no attribute '_cuda",
         "GPU memory: not declared",
     )
-    if any(m in texts for m in markers) or (declared and isinstance(e, ModuleNotFoundError)):
+    # An op the GPU build's extension registers (torch.ops._C.rotary_embedding, looked up
+    # when vLLM builds its fusion passes) that this CPU build has not.
+    missing_op = "'_OpNamespace' " in texts and "has no attribute" in texts
+    if any(m in texts for m in markers) or (
+        declared and (isinstance(e, ModuleNotFoundError) or missing_op)
+    ):
         return f"the resolution needs what is not here ({text[:300]})"
     return None
 
