@@ -288,6 +288,22 @@ def test_an_op_only_the_gpu_build_registers_is_not_the_engines_verdict(
     assert got.reason is not None and "has no attribute" in got.reason
 
 
+def test_sleep_mode_on_a_declared_gpu_is_the_gpu_builds_answer_not_the_cpu_builds(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """Sleep mode turns on the cumem allocator, whose availability vLLM answers by importing
+    the compiled extension every GPU build ships and the CPU build lacks: on a declared GPU
+    the answer is the GPU build's, while this CPU host's own platform still refuses it."""
+    sleep = ["serve", str(hf_model), "--enable-sleep-mode"]
+    on_sm90 = resolve_local(vllm_bin, "vllm", sleep, SM90)
+    assert on_sm90.status == "resolved", on_sm90
+    assert on_sm90.record["model_config.enable_cumem_allocator"] is True
+    on_cpu = resolve_local(vllm_bin, "vllm", sleep)
+    assert on_cpu.status == "raised"
+    assert on_cpu.raised is not None and "Sleep mode" in on_cpu.raised.message
+
+
 def _finding(outcome: Outcome) -> GateFinding:
     return GateFinding(
         engine="sglang",

@@ -18,6 +18,14 @@ if [ -x "$OUT/bin/python" ]; then
   exit 0
 fi
 [ -x "$BASE/bin/python" ] || { echo "install-vllm-release: $BASE missing: run make vllm" >&2; exit 1; }
+# One install at a time; the one that waited finds the venv built.
+exec 9>"$CACHE/vllm-py-$VERSION.lock"
+flock 9
+if [ -x "$OUT/bin/python" ]; then
+  echo "$OUT"
+  exit 0
+fi
+rm -rf "$CACHE/vllm-py-$VERSION.tmp-"* # left by a killed install
 WORK="$CACHE/vllm-py-$VERSION.tmp-$$"
 trap 'rm -rf "$WORK"' EXIT
 WHEEL="$(ls "$CACHE"/wheels/vllm-"$VERSION"-*.whl 2>/dev/null | head -1 || true)"

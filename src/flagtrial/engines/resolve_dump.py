@@ -26,10 +26,11 @@ Declared facts replace the platform query and nothing else: torch's device queri
 (`torch.cuda.is_available`, `device_count`, `get_device_capability`, `get_device_name`,
 `get_device_properties`, `mem_get_info`), `torch.version.cuda` / `.hip`, and for vLLM its
 platform object (vllm.platforms._current_platform: the engine's CUDA or ROCm class with its
-device-query classmethods answered from the facts; a model's info it inspected is used, not
-saved to its cache). GPU memory is a declared fact too; when none is declared, SGLang's
-memory query (`get_device_memory_capacity`) answers None, its own "memory unknown" path, and
-vLLM's `get_device_total_memory` raises, which its batch defaults treat as unknown. A raise
+device queries answered from the facts, and the cumem allocator, which every GPU build ships,
+available; a model's info it inspected is used, not saved to its cache). GPU memory is a
+declared fact too; when none is declared, SGLang's memory query (`get_device_memory_capacity`)
+answers None, its own "memory unknown" path, and vLLM's `get_device_total_memory` raises,
+which its batch defaults treat as unknown. A raise
 the stand-ins cause (a CUDA call on CPU torch, a stand-in kernel) is "unresolved", never the
 engine's verdict.
 """
@@ -231,10 +232,14 @@ def declare_vllm(facts: dict[str, Any]) -> None:
             "get_device_total_memory": classmethod(total_memory),
             "device_count": classmethod(lambda cls: count),
             "is_fully_connected": classmethod(lambda cls, ids: True),
+            # The GPU builds (CUDA and ROCm) ship the compiled `vllm.cumem_allocator` and
+            # load it beside the driver; the CPU build has neither, so its own answer
+            # (device_allocator/cumem.py) would refuse sleep mode for the build, not the GPU.
+            "is_cumem_allocator_available": lambda self: True,
         },
     )
     # the class overrides exactly these: get_device_capability, get_device_name,
-    # get_device_total_memory, device_count, is_fully_connected
+    # get_device_total_memory, device_count, is_fully_connected, is_cumem_allocator_available
     _patch(platforms, "_current_platform", declared())
 
 
