@@ -466,30 +466,39 @@ def test_a_flag_the_cpu_platform_overrides_is_a_no_op_by_the_whole_configuration
     vllm_bin: Path,  # noqa: F811
     hf_model: Path,  # noqa: F811
 ) -> None:
-    """vLLM CPU 0.32.0 resolves `--async-scheduling` back off (platforms/cpu.py
-    check_and_update_config): every field of the configuration is the same with and without
-    it, and the flag reaches the server only through it: NO-OP, though the source shows reads
-    that act on other platforms. `--disable-log-stats` leaves the configuration alone too but
-    acts in the engine client (v1/engine/async_llm.py reads `engine_args.disable_log_stats`):
-    it stands as the source analysis says."""
+    """vLLM CPU 0.32.0 resolves `--async-scheduling` back off and `--distributed-executor-backend
+    uni` to mp, as without them (platforms/cpu.py check_and_update_config): every field of
+    the configuration is the same with and without them, and they reach the server only
+    through it (the executor's other read by name is in `vllm bench`, which the server never
+    runs): NO-OP, though the source shows reads that act on other platforms.
+    `--disable-log-stats` leaves the configuration alone too but acts in the engine client
+    (v1/engine/async_llm.py reads `engine_args.disable_log_stats`): it stands as the source
+    analysis says."""
     model = str(hf_model)
     good = resolve_local(vllm_bin, "vllm", ["serve", model])
     cpu = GateHost(platform="cpu", gpu_count=0)
     outcomes, reasons = {}, {}
-    for flag in ("--async-scheduling", "--disable-log-stats"):
-        cand = resolve_local(vllm_bin, "vllm", ["serve", model, flag])
+    edits = {
+        "--async-scheduling": [],
+        "--disable-log-stats": [],
+        "--distributed-executor-backend": ["uni"],
+    }
+    for flag, value in edits.items():
+        cand = resolve_local(vllm_bin, "vllm", ["serve", model, flag, *value])
         assert cand.status == "resolved", cand
         assert len(cand.record) > 300 and cand.record == good.record
-        (static,) = analyze_change("vllm", "0.32.0", [(flag, None)], cpu, command=[flag])
+        (static,) = analyze_change(
+            "vllm", "0.32.0", [(flag, value[0] if value else None)], cpu, command=[flag, *value]
+        )
         (finding,) = combine([static], good, cand)
         outcomes[flag] = (static.outcome, finding.outcome)
         reasons[flag] = finding.reason
-    assert "async_scheduling" in good.config_only
+    assert {"async_scheduling", "distributed_executor_backend"} <= set(good.config_only)
     assert "disable_log_stats" not in good.config_only
-    assert outcomes["--async-scheduling"][1] == Outcome.NO_OP
-    assert reasons["--async-scheduling"] == (
-        "the engine's own resolution gives the same configuration with and without it"
-    )
+    same = "the engine's own resolution gives the same configuration with and without it"
+    for flag in ("--async-scheduling", "--distributed-executor-backend"):
+        assert outcomes[flag] == (Outcome.ACTIVE, Outcome.NO_OP), flag
+        assert reasons[flag] == same
     assert outcomes["--disable-log-stats"][1] == outcomes["--disable-log-stats"][0]
     assert outcomes["--disable-log-stats"][1] != Outcome.NO_OP
     # a flag that moves a field: the records differ, the rule does not apply

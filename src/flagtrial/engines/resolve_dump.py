@@ -364,6 +364,11 @@ def _reads_of(engine_args: Any) -> Any:
         engine_args.__class__ = own
 
 
+# Where the arguments' reads are not the server's: the config package (what the record
+# holds), and the `vllm bench` commands, which `vllm serve` never imports.
+_NOT_THE_SERVERS_READS = ("config", "benchmarks", os.path.join("entrypoints", "cli", "benchmark"))
+
+
 def _read_beyond_config(engine_args: Any) -> set[str]:
     """Engine-argument fields vLLM's source reads by name outside the argument module and the
     config package (`engine_args.disable_log_stats` in the engine client, `args.X` in the
@@ -380,7 +385,7 @@ def _read_beyond_config(engine_args: Any) -> set[str]:
     found: set[str] = set()
     for folder, _dirs, files in os.walk(root):
         rel = os.path.relpath(folder, root)
-        if rel == "config" or rel.startswith("config" + os.sep):
+        if any(rel == p or rel.startswith(p + os.sep) for p in _NOT_THE_SERVERS_READS):
             continue
         for name in files:
             if not name.endswith(".py") or (rel == "engine" and name == "arg_utils.py"):
