@@ -114,6 +114,29 @@ def test_an_older_sglang_resolves_in_its_post_init_and_refuses_with_its_own_line
     assert resolved.settings["attention_backend"] == "trtllm_mha"
 
 
+def test_an_older_sglangs_override_of_the_users_value_is_a_no_op_by_its_settings(
+    sglang_older_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    """SGLang 0.5.10 on SM100 picks trtllm_mha for an MHA model and forces its page size to
+    64 (server_args.py), whatever the user set: the same settings with and without
+    `--page-size 128`, so NO-OP, though the source shows reads of page_size that act. Its
+    settings hold objects (the model's config); their reprs name no address, which would
+    differ at every run."""
+    good = resolve_local(sglang_older_bin, "sglang", ["--model-path", str(sglang_model)], SM100)
+    edit = ["--page-size", "128"]
+    cand = resolve_local(
+        sglang_older_bin, "sglang", ["--model-path", str(sglang_model), *edit], SM100
+    )
+    assert cand.status == good.status == "resolved", cand
+    assert cand.settings["page_size"] == good.settings["page_size"] == 64
+    assert not any(" at 0x" in str(v) for v in cand.settings.values())
+    sm100 = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=1)
+    (static,) = analyze_change("sglang", "0.5.10", [("--page-size", "128")], sm100, command=edit)
+    (finding,) = combine([static], good, cand)
+    assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.NO_OP), finding.reason
+
+
 def test_the_installed_releases_are_the_venvs_built_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -255,7 +256,13 @@ def keep_model_infos_unsaved() -> None:
 
 
 def _plain(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=repr))
+    return json.loads(json.dumps(value, default=_shown))
+
+
+def _shown(value: Any) -> str:
+    """A value JSON cannot hold, as its repr without the object's address (`<ModelConfig
+    object at 0x7f...>` in 0.5.10's settings), which differs at every run."""
+    return re.sub(r" at 0x[0-9a-fA-F]+>", ">", repr(value))
 
 
 def resolve_sglang(argv: list[str]) -> dict[str, Any]:
@@ -375,8 +382,6 @@ def _read_beyond_config(engine_args: Any) -> set[str]:
     entrypoints, `getattr(args, "X", ...)`): their values reach the server by more than its
     configuration. By name and by any receiver called `args`, so more fields than are; a
     loop over every field (`vars(args)`, the non-default-args log line) is not seen."""
-    import re
-
     root = os.path.dirname(importlib.import_module("vllm").__file__ or "")
     fields = set(vars(engine_args))
     pattern = re.compile(
