@@ -327,6 +327,72 @@ def test_sleep_mode_on_a_declared_gpu_is_the_gpu_builds_answer_not_the_cpu_build
     assert on_cpu.raised is not None and "Sleep mode" in on_cpu.raised.message
 
 
+def test_the_attention_backend_the_model_gets_is_vllms_own_pick(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """The model's layers get the backend vLLM's selector picks for them at startup, run
+    here with the declared GPU: on SM90 the pick for this bf16 model is FLASH_ATTN anyway, so
+    asking for it is a NO-OP; on SM100 the pick is FLASHINFER, so asking for FLASH_ATTN acts;
+    FLASH_ATTN with an fp8 KV cache is refused on SM80 (FA2) and taken on SM90 (FA3)."""
+    base = ["serve", str(hf_model), "--dtype", "bfloat16"]
+    flash = ["--attention-backend", "FLASH_ATTN"]
+    fp8 = ["--kv-cache-dtype", "fp8"]
+    outcomes, picks = {}, {}
+    for cap in ((9, 0), (10, 0)):
+        facts = ResolveFacts(compute_cap=cap, cuda="12.8", gpus=1)
+        host = GateHost(platform="cuda", compute_cap=cap, gpu_count=1)
+        good = resolve_local(vllm_bin, "vllm", base, facts)
+        cand = resolve_local(vllm_bin, "vllm", [*base, *flash], facts)
+        assert good.status == cand.status == "resolved", (good, cand)
+        assert cand.record["attention_config.backend"] != good.record["attention_config.backend"]
+        (static,) = analyze_change("vllm", "0.32.0", [tuple(flash)], host, command=flash)
+        (finding,) = combine([static], good, cand)
+        outcomes[cap] = (static.outcome, finding.outcome)
+        picks[cap] = (good.record["attention.backend"], cand.record["attention.backend"])
+    assert picks == {(9, 0): ("FLASH_ATTN", "FLASH_ATTN"), (10, 0): ("FLASHINFER", "FLASH_ATTN")}
+    assert outcomes == {(9, 0): (Outcome.ACTIVE, Outcome.NO_OP), (10, 0): (Outcome.ACTIVE,) * 2}
+    sm80 = ResolveFacts(compute_cap=(8, 0), cuda="12.8", gpus=1)
+    refused = resolve_local(vllm_bin, "vllm", [*base, *flash, *fp8], sm80)
+    assert refused.status == "raised", refused
+    assert refused.raised is not None and refused.raised.type == "ValueError"
+    assert "is not valid for this configuration" in refused.raised.message
+    assert refused.raised.file == "vllm/platforms/cuda.py"
+    taken = resolve_local(vllm_bin, "vllm", [*base, *flash, *fp8], SM90)
+    assert taken.status == "resolved" and taken.settings["attention.backend"] == "FLASH_ATTN"
+
+
+def test_a_pick_that_rests_on_what_this_venv_lacks_is_left_unknown(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """On a declared ROCm host the CPU build's ROCm picker imports Triton kernels this venv
+    has only vLLM's placeholder for: the raise is not a refusal of the selector or the
+    platform, so the pick stays unknown and the rest of the resolution stands."""
+    rocm = ResolveFacts(platform="rocm", gfx="gfx942", rocm="6.3", gpus=1)
+    got = resolve_local(vllm_bin, "vllm", ["serve", str(hf_model), "--dtype", "bfloat16"], rocm)
+    assert got.status == "resolved", got
+    assert "attention.backend" not in got.record
+    assert len(got.record) > 300
+
+
+def test_a_stand_ins_answer_is_noted_while_a_pick_is_watched() -> None:
+    """What a stand-in answers (called, tested, iterated) while a pick is watched is noted, so
+    that pick is never taken for the GPU host's; outside a watch nothing is noted."""
+    kernel = resolve_dump._StandIn("vllm.vllm_flash_attn.is_fa_version_supported")
+    assert not kernel(3)
+    assert resolve_dump._answered is None
+    resolve_dump._answered = []
+    try:
+        assert not kernel(3)
+        assert list(iter(kernel)) == []
+        assert kernel | None is kernel  # an annotation's union is no answer
+        noted = list(resolve_dump._answered)
+    finally:
+        resolve_dump._answered = None
+    assert noted == [kernel._name, f"{kernel._name}()", kernel._name]
+
+
 def _finding(outcome: Outcome) -> GateFinding:
     return GateFinding(
         engine="sglang",

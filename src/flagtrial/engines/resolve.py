@@ -117,11 +117,12 @@ class Resolution(BaseModel):
     # Whether `settings` is the whole resolved record (SGLang's resolved_dict), so that two
     # equal records mean the server behaves alike; vLLM's config line is a summary.
     complete: bool = False
-    # vLLM: every field of the resolved configuration (all the engine core is given), and
-    # the engine arguments whose values reach the server only through it (read by the
-    # config's creation, read by name nowhere else in the engine's source).
+    # vLLM: every field of the resolved configuration (all the engine core is given), the
+    # engine arguments whose values reach the server only through it (read by the config's
+    # creation, read by name nowhere else in the engine's source), and those read elsewhere.
     record: dict[str, Scalar] = Field(default_factory=dict)
     config_only: list[str] = Field(default_factory=list)
+    read_beyond_config: list[str] = Field(default_factory=list)
 
     @field_validator("settings", "record")
     @classmethod
@@ -129,6 +130,14 @@ class Resolution(BaseModel):
         """Redacted as read, like the server's own report (Facts), so the two compare."""
         redacted: dict[str, Scalar] = Redactor().data(v)
         return redacted
+
+    def runs_as(self) -> dict[str, Scalar]:
+        """vLLM's record as the server acts on it: the requested attention backend acts
+        through the selector's pick, recorded beside it (`attention.backend`), so where the
+        pick is known the request is left out: two commands picking alike run alike."""
+        if self.record.get("attention.backend") is None:
+            return self.record
+        return {k: v for k, v in self.record.items() if k != "attention_config.backend"}
 
     def describe(self) -> str:
         if self.raised is not None:
@@ -188,6 +197,7 @@ def parse(
         complete=engine == "sglang",
         record=out.get("record") or {},
         config_only=out.get("config_only") or [],
+        read_beyond_config=out.get("read_beyond_config") or [],
     )
 
 

@@ -70,6 +70,14 @@ ARG_MODULES = {"sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_util
 _STAND_IN_NOTE = "a stand-in for a GPU-only package absent here"
 _stood_in: list[str] = []
 _patched: list[str] = []
+# The stand-ins asked for an answer (called, tested, iterated) while this is a list: what
+# such an answer decided is not the GPU host's.
+_answered: list[str] | None = None
+
+
+def _answer(name: str) -> None:
+    if _answered is not None:
+        _answered.append(name)
 
 
 class _StandIn:
@@ -84,6 +92,7 @@ class _StandIn:
         return _StandIn(f"{self._name}.{attr}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _answer(self._name)
         if len(args) == 1 and callable(args[0]) and not kwargs:
             return args[0]  # used as a decorator
         return _StandIn(f"{self._name}()")
@@ -91,10 +100,17 @@ class _StandIn:
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (object,)
 
+    def __or__(self, other: Any) -> _StandIn:  # `kernels.Plan | None` in an annotation
+        return self
+
+    __ror__ = __or__
+
     def __iter__(self) -> Any:
+        _answer(self._name)
         return iter(())
 
     def __bool__(self) -> bool:
+        _answer(self._name)
         return False
 
     def __repr__(self) -> str:
@@ -282,7 +298,7 @@ def resolve_sglang(argv: list[str]) -> dict[str, Any]:
     return {"settings": _plain(settings)}
 
 
-def resolve_vllm(argv: list[str]) -> dict[str, Any]:
+def resolve_vllm(argv: list[str], declared: bool) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -309,6 +325,8 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
     with _reads_of(engine_args) as read:
         config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     scheduler, cache = config.scheduler_config, config.cache_config
+    attention = _attention_backend(config, declared)
+    beyond = _read_beyond_config(engine_args)
     # The API server's own arguments (not engine arguments) as it parsed them.
     frontend = {f"frontend.{k}": v for k, v in vars(args).items() if not hasattr(engine_args, k)}
     return {
@@ -319,12 +337,57 @@ def resolve_vllm(argv: list[str]) -> dict[str, Any]:
                 "scheduler_config.max_num_batched_tokens": scheduler.max_num_batched_tokens,
                 "cache_config.block_size": cache.block_size,
                 "cache_config.cache_dtype": str(cache.cache_dtype),
+                **attention,
                 **frontend,
             }
         ),
-        "record": _config_record(config),
-        "config_only": sorted(read - _read_beyond_config(engine_args)),
+        "record": {**_config_record(config), **attention},
+        "config_only": sorted(read - beyond),
+        "read_beyond_config": sorted(beyond),
     }
+
+
+# Where vLLM refuses an attention configuration: its selector and the platforms' pickers.
+_SELECTORS = ("vllm/v1/attention/selector.py", "vllm/platforms/")
+
+
+def _attention_backend(config: Any, declared: bool) -> dict[str, str]:
+    """The attention backend the model's layers get. Each layer calls vLLM's selector when it
+    is built (model_executor/layers/attention/attention.py, mla_attention.py: the model's
+    head size, its dtype, the cache's dtype, under the resolved configuration); this is that
+    call, for the model's main attention. {"attention.backend": its name}, or nothing where
+    the pick rested on a stand-in's answer (a kernel package this venv lacks), the release
+    has no such selector, or it raised other than by refusing; its refusal (a ValueError of
+    the selector or the platform's) raises, as the server does at startup."""
+    global _answered
+    try:
+        from vllm.config import set_current_vllm_config
+        from vllm.v1.attention.selector import get_attn_backend
+    except ImportError:
+        return {}
+    model = config.model_config
+    mla = bool(model.use_mla)
+    _answered = []
+    try:
+        with set_current_vllm_config(config):
+            backend = get_attn_backend(
+                model.get_head_size(),
+                model.dtype,
+                config.cache_config.cache_dtype,
+                use_mla=mla,
+                num_heads=model.get_num_attention_heads(config.parallel_config) if mla else None,
+                has_sliding_window=model.get_sliding_window() is not None,
+            )
+        name = backend.get_name()
+    except Exception as e:
+        file, _ = _innermost(e.__traceback__, "vllm")
+        refused = isinstance(e, ValueError) and (file or "").startswith(_SELECTORS)
+        if _answered or _ours(e, declared) or not refused:
+            return {}
+        raise
+    finally:
+        answered, _answered = _answered, None
+    return {} if answered else {"attention.backend": str(name)}
 
 
 # Drawn afresh at every start: not a setting of the command.
@@ -461,7 +524,6 @@ def main(argv: list[str]) -> int:
     began = time.monotonic()
     out: dict[str, Any]
     declared = facts is not None and facts["platform"] in ("cuda", "rocm")
-    resolver = resolve_sglang if engine == "sglang" else resolve_vllm
     try:
         if importlib.util.find_spec(engine) is None:
             raise _NoEngine(f"{engine} is not installed for this python")
@@ -478,7 +540,9 @@ def main(argv: list[str]) -> int:
                 keep_model_infos_unsaved()
         except Exception as e:
             raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
-        out = {"status": "resolved", **resolver(request["argv"])}
+        words = request["argv"]
+        got = resolve_sglang(words) if engine == "sglang" else resolve_vllm(words, declared)
+        out = {"status": "resolved", **got}
     except _NoEngine as e:
         out = {"status": "unresolved", "reason": str(e)[:500]}
     except _ParseError as e:

@@ -85,7 +85,11 @@ def _same_config(finding: GateFinding, cand: Resolution) -> GateFinding:
     leaves the configuration alone and acts in the engine client)."""
     if finding.outcome not in (Outcome.ACTIVE, Outcome.UNKNOWN) or not finding.fields:
         return finding
-    if not set(finding.fields) <= set(cand.config_only):
+    # The finding's fields name the engine argument and the config fields it fills
+    # (`attention_backend`, AttentionConfig's `backend`): the argument is read by the
+    # configuration's creation, and none of them by name beside it.
+    fields = set(finding.fields)
+    if not fields & set(cand.config_only) or fields & set(cand.read_beyond_config):
         return finding
     note = Evidence(
         role="note",
@@ -116,8 +120,9 @@ def combine(
       cannot tell what fails here; findings stand.
     - Both resolve to the same whole record (SGLang's resolved_dict): the server gets the same
       configuration either way, so an ACTIVE or UNKNOWN edit is a NO-OP on this host.
-    - Both resolve to the same configuration (vLLM's VllmConfig, every field): an ACTIVE or
-      UNKNOWN edit whose settings reach the server only through it is a NO-OP.
+    - Both resolve to the same configuration (vLLM's VllmConfig, every field, with the
+      attention backend its selector picks for the model): an ACTIVE or UNKNOWN edit whose
+      settings reach the server only through it is a NO-OP.
     - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
       a raise in argument resolution not ruled out (`unless_raised`) gets the outcome its
       reads show, since that code ran with this command on this host and did not raise.
@@ -173,7 +178,7 @@ def combine(
             else f
             for f in findings
         ]
-    if good.record and good.record == cand.record:
+    if good.record and good.runs_as() == cand.runs_as():
         return [_same_config(f, cand) for f in findings]
     if cand.status == "resolved" and cand.complete:
         ran = Evidence(
