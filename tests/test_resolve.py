@@ -311,6 +311,29 @@ def test_an_op_only_the_gpu_build_registers_is_not_the_engines_verdict(
     assert got.reason is not None and "has no attribute" in got.reason
 
 
+def test_a_refusal_stands_where_the_known_goods_resolution_cannot_run_here(
+    vllm_bin: Path,  # noqa: F811
+    hf_model: Path,  # noqa: F811
+) -> None:
+    """At TP 4 on a declared SM100 the known-good's resolution stops at a fusion pass's op
+    only the GPU build registers (not a verdict), while `--enable-eplb` without expert
+    parallelism is refused earlier by vLLM's ParallelConfig: that refusal is the engine's, and
+    the edit FAILS AT STARTUP."""
+    facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
+    tp4 = ["serve", str(hf_model), "--tensor-parallel-size", "4"]
+    good = resolve_local(vllm_bin, "vllm", tp4, facts)
+    cand = resolve_local(vllm_bin, "vllm", [*tp4, "--enable-eplb"], facts)
+    assert good.status == "unresolved", good
+    assert cand.status == "raised" and cand.raised is not None, cand
+    assert "enable_expert_parallel must be True to use EPLB" in cand.raised.message
+    host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
+    (static,) = analyze_change(
+        "vllm", "0.32.0", [("--enable-eplb", None)], host, 4, command=["--enable-eplb"]
+    )
+    (finding,) = combine([static], good, cand)
+    assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.FAILS)
+
+
 def test_sleep_mode_on_a_declared_gpu_is_the_gpu_builds_answer_not_the_cpu_builds(
     vllm_bin: Path,  # noqa: F811
     hf_model: Path,  # noqa: F811
@@ -441,6 +464,14 @@ def test_combine_rules() -> None:
         == Outcome.UNKNOWN
     )
     assert combine([_finding(Outcome.ACTIVE)], ok, _res("unresolved"))[0].outcome == Outcome.ACTIVE
+    # the known-good's resolution could not run here: its difference says nothing, but the
+    # engine's refusal of the candidate is still the engine's
+    lacking = _res("unresolved").model_copy(update={"reason": "no torch op here"})
+    alone = combine([_finding(Outcome.ACTIVE)], lacking, _res("resolved", {"a": 1}))
+    assert alone[0].outcome == Outcome.ACTIVE
+    [refused] = combine([_finding(Outcome.ACTIVE)], lacking, _res("raised", raised=boom))
+    assert refused.outcome == Outcome.FAILS and refused.cites("sglang/x.py:3")
+    assert any("no torch op here" in e.note for e in refused.evidence)
     # UNKNOWN only for a raise in argument resolution, which the candidate's whole resolution
     # runs through: the outcome behind it; not where the candidate raises
     pending = _finding(Outcome.UNKNOWN).model_copy(update={"unless_raised": Outcome.NO_OP})

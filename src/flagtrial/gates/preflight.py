@@ -109,10 +109,12 @@ def combine(
     resolution_candidate: Resolution | None,
 ) -> list[GateFinding]:
     """The static findings, corrected by the engine's own resolution of both commands (None,
-    or "unresolved": the findings stand).
+    or the candidate's "unresolved": the findings stand).
 
     - The candidate raises where the known-good does not: every edit FAILS AT STARTUP, with
       the engine's message and its file:line (the raise is the command's, not one edit's).
+      So too where the known-good's resolution could not run here ("unresolved": what this
+      venv lacks, not a verdict), since the known-good is the command that runs.
     - The candidate raises at the very startup raise an UNKNOWN edit's analysis left open
       (`unless_raised`, its file:line cited), and the known-good raises elsewhere: FAILS AT
       STARTUP.
@@ -128,18 +130,24 @@ def combine(
       reads show, since that code ran with this command on this host and did not raise.
     - Otherwise the findings stand: a resolved difference does not show a read that acts."""
     good, cand = resolution_known_good, resolution_candidate
-    if good is None or cand is None or "unresolved" in (good.status, cand.status):
+    if good is None or cand is None or cand.status == "unresolved":
+        return findings
+    if good.status == "unresolved" and cand.raised is None:
         return findings
     if cand.raised is not None and good.raised is None:
         raised = cand.raised
-        evidence = _engine_raise(cand, "the engine's own resolution of the candidate")
+        evidence = [_engine_raise(cand, "the engine's own resolution of the candidate")]
+        if good.status == "unresolved":
+            evidence.append(
+                Evidence(role="note", note=f"the known-good's did not run here: {good.reason}")
+            )
         reason = f"the engine's own argument resolution refuses the command: {raised.describe()}"
         return [
             f.model_copy(
                 update={
                     "outcome": Outcome.FAILS,
                     "reason": reason,
-                    "evidence": [evidence, *f.evidence],
+                    "evidence": [*evidence, *f.evidence],
                 }
             )
             for f in findings
