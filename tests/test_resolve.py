@@ -28,6 +28,7 @@ from flagtrial.engines.resolve import (
 )
 from flagtrial.facts import Facts
 from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.implied import _as_edit, follow_implied
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.gates.preflight import combine
 from flagtrial.reasons import Code
@@ -39,6 +40,8 @@ from harness.vllm_fixtures import hf_model, vllm_bin  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
+# The gates corpus' model configs (config.json only: what resolution reads of a model).
+CORPUS_MODELS = Path(__file__).resolve().parent.parent / "benchmarks/gates/corpus/models"
 SM90 = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=1)
 SM100 = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=1)
 NVFP4 = ["--kv-cache-dtype", "nvfp4"]
@@ -135,6 +138,55 @@ def test_an_older_sglangs_override_of_the_users_value_is_a_no_op_by_its_settings
     (static,) = analyze_change("sglang", "0.5.10", [("--page-size", "128")], sm100, command=edit)
     (finding,) = combine([static], good, cand)
     assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.NO_OP), finding.reason
+
+
+def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there(
+    sglang_older_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SGLang 0.5.10 turns FlashInfer allreduce fusion on for a Qwen3-MoE at TP 4 on SM100
+    (its model list in server_args.py), and `--enforce-disable-flashinfer-allreduce-fusion`
+    turns it back off: the edit's own reads decide nothing, the resolution moves the fusion
+    setting, whose own analysis acts here, so the edit is ACTIVE through it. For the dense
+    Llama nothing was turned on: only the edit's own setting moves, and the finding stands."""
+    moe = tmp_path / "moe-qwen3"
+    moe.mkdir()
+    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
+    edit = "--enforce-disable-flashinfer-allreduce-fusion"
+    facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
+    host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
+    outcomes, fusion = {}, {}
+    for name, model in (("moe", moe), ("dense", sglang_model)):
+        command = ["--model-path", str(model), "--tp-size", "4"]
+        good = resolve_local(sglang_older_bin, "sglang", command, facts)
+        cand = resolve_local(sglang_older_bin, "sglang", [*command, edit], facts)
+        assert good.status == cand.status == "resolved", (good, cand)
+        key = "enable_flashinfer_allreduce_fusion"
+        fusion[name] = (good.settings[key], cand.settings[key])
+        config = json.loads((model / "config.json").read_text())
+        words = ["--tp-size", "4", edit]
+        (static,) = analyze_change("sglang", "0.5.10", [(edit, None)], host, 4, command=words,
+                                   model=config)  # fmt: skip
+        (final,) = follow_implied(combine([static], good, cand), good, cand, host, words, config)
+        outcomes[name] = (static.outcome, final.outcome)
+        if name == "moe":
+            assert "through enable_flashinfer_allreduce_fusion (True -> False)" in final.reason
+    assert fusion == {"moe": (True, False), "dense": (False, False)}
+    assert outcomes == {"moe": (Outcome.UNKNOWN, Outcome.ACTIVE), "dense": (Outcome.UNKNOWN,) * 2}
+
+
+def test_a_moved_setting_is_followed_only_as_one_edit_against_the_known_good() -> None:
+    """A switch turned on or off is one edit (turning off judged as turning on, for acting
+    only); a value is one where the known-good keeps the flag's default; else not followed."""
+    switch = {"names": ["--enable-x"], "action": "store_true", "nargs": 0, "default": "False"}
+    valued = {"names": ["--page-size"], "action": "store", "nargs": None, "default": None}
+    assert _as_edit(switch, False, True) == (("--enable-x", None), True)
+    assert _as_edit(switch, True, False) == (("--enable-x", None), False)
+    assert _as_edit(valued, None, 64) == (("--page-size", "64"), True)
+    assert _as_edit(valued, 16, 64) is None  # the known-good moved it already
+    assert _as_edit(valued, None, None) is None
+    assert _as_edit(None, 1, 2) is None  # no flag sets it
 
 
 def test_the_installed_releases_are_the_venvs_built_whole(

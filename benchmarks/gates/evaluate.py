@@ -159,12 +159,16 @@ def analyze(case: dict[str, Any], model: dict[str, Any] | None, current_api: boo
     return findings[0]
 
 
-def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path, python: Path) -> Any:
+def resolve_and_combine(
+    case: dict[str, Any], finding: Any, model_dir: Path, python: Path, model: dict[str, Any] | None
+) -> Any:
     """Static + the engine's own resolution of known-good and candidate, run here in the
     engine's installed venv with the case's GPU facts declared (helper "resolve":
-    engines/resolve.py `resolve_local`, gates/preflight.py `combine`)."""
+    engines/resolve.py `resolve_local`, gates/preflight.py `combine`, then the settings the
+    resolution moves followed, gates/implied.py)."""
     try:
         from flagtrial.engines.resolve import ResolveFacts, resolve_local
+        from flagtrial.gates.implied import follow_implied
         from flagtrial.gates.preflight import combine
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
@@ -176,7 +180,9 @@ def resolve_and_combine(case: dict[str, Any], finding: Any, model_dir: Path, pyt
     known_good = without_edit(argv, edit["flag"], edit["value"])
     good = resolve_local(python, case["engine"], known_good, facts, cached=True)
     candidate = resolve_local(python, case["engine"], argv, facts, cached=True)
-    return combine([finding], good, candidate)[0]
+    combined = combine([finding], good, candidate)
+    host = gate_host(case["host"], contract_api())
+    return follow_implied(combined, good, candidate, host, case["command"], model)[0]
 
 
 # ------------------------------------------------------------------ scoring
@@ -285,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         python = resolvable[(case["engine"], case["version"])]
                         combined = resolve_and_combine(
-                            case, finding, model_dirs[case["model"]], python
-                        )
+                            case, finding, model_dirs[case["model"]], python,
+                            models.get(case["model"]),
+                        )  # fmt: skip
                         row["combined"] = outcome_label(combined.outcome)
                         row["combined_reason"] = combined.reason
                     except ApiMissing as e:

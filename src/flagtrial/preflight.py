@@ -6,11 +6,14 @@ baseline runs and refuses to deploy what it says fails at startup."""
 
 from __future__ import annotations
 
+import asyncio
+
 from pydantic import BaseModel
 
 from flagtrial.engines import GATED
 from flagtrial.engines import resolve as resolving
 from flagtrial.gates import preflight as gating
+from flagtrial.gates.implied import follow_implied
 from flagtrial.gates.model import GateFinding
 from flagtrial.launch.change import Change
 from flagtrial.launch.spec import LaunchSpec
@@ -69,7 +72,8 @@ async def gates(
     host: HostFacts,
 ) -> GateReport:
     """The source gate analysis of the change for engine `version` on `host`, and the
-    engine's own resolution of known-good and candidate (SGLang, vLLM), which corrects it."""
+    engine's own resolution of known-good and candidate (SGLang, vLLM), which corrects it,
+    with the settings it moves on its own analysed in turn (gates/implied.py)."""
     engine, declared = session.engine.name, session.project.gpu
     gate_host = gating.gate_host(host, declared)
     findings = await gating.analyze(engine, version, change, checked.candidate, gate_host)
@@ -81,8 +85,12 @@ async def gates(
         resolving.declared_facts(host, declared),
         checked.named_settings,
     )
-    if prediction is not None:
-        findings = gating.combine(findings, prediction.known_good, prediction.candidate)
+    if prediction is not None and gate_host is not None:
+        good, cand = prediction.known_good, prediction.candidate
+        findings = gating.combine(findings, good, cand)
+        findings = await asyncio.to_thread(
+            follow_implied, findings, good, cand, gate_host, checked.candidate.argv
+        )
     skipped = None
     if not findings and engine in GATED:
         skipped = "source gate analysis skipped: " + (
