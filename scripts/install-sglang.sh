@@ -21,19 +21,9 @@ CACHE="${FLAGTRIAL_CACHE:-$HOME/.cache/flagtrial}"
 OUT="$CACHE/sglang-$VERSION"
 PYTHON="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
-mkdir -p "$CACHE"
-# One install at a time; the one that waited finds the venv built.
-exec 9>"$CACHE/sglang-$VERSION.lock"
-flock 9
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
-rm -rf "$CACHE/sglang-$VERSION.tmp-"* # left by a killed install
+# shellcheck source=scripts/install-lock.sh
+. "$HERE/install-lock.sh"
+one_install "sglang-$VERSION"
 WORK="$(mktemp -d "$CACHE/sglang-$VERSION.tmp-XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 "$PYTHON" -m venv "$WORK"

