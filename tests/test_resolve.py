@@ -28,9 +28,9 @@ from flagtrial.engines.resolve import (
 )
 from flagtrial.facts import Facts
 from flagtrial.gates.analyze import analyze_change
-from flagtrial.gates.implied import _as_edit, follow_implied
+from flagtrial.gates.implied import _as_edit
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
-from flagtrial.gates.preflight import combine
+from flagtrial.gates.preflight import combine, corrected
 from flagtrial.reasons import Code
 from harness.cli import cli
 from harness.project import update_project_file
@@ -168,7 +168,7 @@ def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there
         words = ["--tp-size", "4", edit]
         (static,) = analyze_change("sglang", "0.5.10", [(edit, None)], host, 4, command=words,
                                    model=config)  # fmt: skip
-        (final,) = follow_implied(combine([static], good, cand), good, cand, host, words, config)
+        (final,) = corrected([static], good, cand, host, words, config)
         outcomes[name] = (static.outcome, final.outcome)
         if name == "moe":
             assert "through enable_flashinfer_allreduce_fusion (True -> False)" in final.reason

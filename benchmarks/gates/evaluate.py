@@ -164,12 +164,10 @@ def resolve_and_combine(
 ) -> Any:
     """Static + the engine's own resolution of known-good and candidate, run here in the
     engine's installed venv with the case's GPU facts declared (helper "resolve":
-    engines/resolve.py `resolve_local`, gates/preflight.py `combine`, then the settings the
-    resolution moves followed, gates/implied.py)."""
+    engines/resolve.py `resolve_local`, gates/preflight.py `corrected`)."""
     try:
         from flagtrial.engines.resolve import ResolveFacts, resolve_local
-        from flagtrial.gates.implied import follow_implied
-        from flagtrial.gates.preflight import combine
+        from flagtrial.gates.preflight import corrected
     except ImportError as e:
         raise ApiMissing(f"the engine's own resolution is not available yet ({e})") from e
     edit = case["edit"]
@@ -180,9 +178,8 @@ def resolve_and_combine(
     known_good = without_edit(argv, edit["flag"], edit["value"])
     good = resolve_local(python, case["engine"], known_good, facts, cached=True)
     candidate = resolve_local(python, case["engine"], argv, facts, cached=True)
-    combined = combine([finding], good, candidate)
     host = gate_host(case["host"], contract_api())
-    return follow_implied(combined, good, candidate, host, case["command"], model)[0]
+    return corrected([finding], good, candidate, host, case["command"], model)[0]
 
 
 # ------------------------------------------------------------------ scoring

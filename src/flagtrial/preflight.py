@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from flagtrial.engines import GATED
 from flagtrial.engines import resolve as resolving
 from flagtrial.gates import preflight as gating
-from flagtrial.gates.implied import follow_implied
 from flagtrial.gates.model import GateFinding
 from flagtrial.launch.change import Change
 from flagtrial.launch.spec import LaunchSpec
@@ -86,10 +85,13 @@ async def gates(
         checked.named_settings,
     )
     if prediction is not None and gate_host is not None:
-        good, cand = prediction.known_good, prediction.candidate
-        findings = gating.combine(findings, good, cand)
         findings = await asyncio.to_thread(
-            follow_implied, findings, good, cand, gate_host, checked.candidate.argv
+            gating.corrected,
+            findings,
+            prediction.known_good,
+            prediction.candidate,
+            gate_host,
+            checked.candidate.argv,
         )
     skipped = None
     if not findings and engine in GATED:

@@ -9,6 +9,7 @@ from typing import Any
 from flagtrial.engines import ENGINES, GATED
 from flagtrial.engines.resolve import Resolution
 from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.implied import follow_implied
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.launch.change import Change
 from flagtrial.launch.schema import flag_value
@@ -101,6 +102,20 @@ def _same_config(finding: GateFinding, cand: Resolution) -> GateFinding:
     return finding.model_copy(
         update={"outcome": Outcome.NO_OP, "reason": reason, "evidence": [note, *finding.evidence]}
     )
+
+
+def corrected(
+    findings: list[GateFinding],
+    good: Resolution,
+    cand: Resolution,
+    host: GateHost,
+    command: list[str],
+    model: dict[str, Any] | None = None,
+) -> list[GateFinding]:
+    """The findings as the engine's own resolution of both commands corrects them (`combine`),
+    then with the settings it moves on its own analysed in turn (gates/implied.py). Runs
+    analyses: call it off the event loop."""
+    return follow_implied(combine(findings, good, cand), good, cand, host, command, model)
 
 
 def combine(
