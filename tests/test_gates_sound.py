@@ -18,6 +18,7 @@ import pytest
 from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
 from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.model import GateFinding, GateHost, ModelFacts, Outcome
+from flagtrial.gates.modelfiles import other_model
 from flagtrial.gates.platforms import foreign_module
 from flagtrial.gates.values import UNKNOWN, Scope
 from harness.cli import cli
@@ -118,6 +119,53 @@ def test_read_in_another_platforms_backend_does_not_count() -> None:
     f = gate(SGLANG, "--kv-cache-dtype", "fp8_e4m3", SM90)
     assert f.outcome is Outcome.ACTIVE, render_text([f])
     assert not any("aiter" in (e.file or "") and e.role == "read" for e in f.evidence)
+
+
+def test_a_read_in_another_models_file_does_not_count() -> None:
+    # models/beam.py:977 (in _flashinfer_ar_band) reads the enforce-disable switch. SGLang's
+    # registry imports every model module for its EntryClass, but a Llama is built from
+    # llama.py's LlamaForCausalLM, and nothing it or the server's own code loads imports
+    # beam.py: that function never runs for it.
+    index = source_index(*SGLANG)
+    reader = _reader(index)
+    beam = index.modules["sglang.srt.models.beam"]
+    llama = ModelFacts.of(DENSE)
+    why = other_model(index, reader, beam, 977, llama)
+    assert why is not None and "another model's code" in why and "models/llama.py" in why
+    # beam's own architecture builds it, and module-level code runs at the registry's import
+    beams = ModelFacts.of({"architectures": ["BeamForCausalLM"]})
+    assert other_model(index, reader, beam, 977, beams) is None
+    assert other_model(index, reader, beam, 1, llama) is None
+    # what the model's module imports runs too: qwen3_moe.py loads qwen2_moe.py (:63)
+    qwen2 = index.modules["sglang.srt.models.qwen2_moe"]
+    qwen3 = ModelFacts.of({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128})
+    assert other_model(index, reader, qwen2, 126, qwen3) is None
+    # vLLM: the registry's entry names the module ("InternLM3ForCausalLM": ("llama", ...)),
+    # no class of that name exists; mixtral.py is not loaded for it
+    vllm = source_index(*VLLM)
+    mixtral = vllm.modules["vllm.model_executor.models.mixtral"]
+    fn = vllm.files[mixtral].funcs[0]
+    intern = ModelFacts.of({"architectures": ["InternLM3ForCausalLM"]})
+    assert other_model(vllm, _reader(vllm), mixtral, fn.start + 1, intern) is not None
+    # in a finding the read is ruled out; with a draft model (other classes built) it is not
+    edit = "--enforce-disable-flashinfer-allreduce-fusion"
+    f = gate(SGLANG, edit, None, SM90, ["--tp-size", "4"], tp=4)
+    notes = [e.note or "" for e in f.evidence]
+    assert any("models/beam.py is another model's code" in n for n in notes), render_text([f])
+    draft = ["--tp-size", "4", "--speculative-algorithm", "EAGLE"]
+    f = gate(SGLANG, edit, None, SM90, draft, tp=4)
+    assert not any("another model's code" in (e.note or "") for e in f.evidence)
+
+
+def test_a_read_in_a_function_every_call_of_which_is_off_here_does_not_count() -> None:
+    # add_norm.py:163 reads the switch in aiter_ar_fusion_enabled_for(), which no other file
+    # imports; its one call (:181) comes after `_use_aiter and` in a chain of `and`s, and
+    # _use_aiter (:55) needs HIP: on CUDA the call never happens. On AMD it may.
+    edit = "--enable-aiter-allreduce-fusion"
+    f = gate(SGLANG, edit, None, SM90, ["--tp-size", "4"], tp=4)
+    expect(f, Outcome.NO_OP, "sglang/srt/layers/layer_boundary/residual/add_norm.py:181")
+    amd = gate(SGLANG, edit, None, GFX942, ["--tp-size", "4"], tp=4)
+    assert amd.outcome is Outcome.ACTIVE, render_text([amd])
 
 
 @pytest.mark.parametrize(

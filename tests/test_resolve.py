@@ -27,7 +27,7 @@ from flagtrial.engines.resolve import (
     resolve_local,
 )
 from flagtrial.facts import Facts
-from flagtrial.gates.analyze import analyze_change
+from flagtrial.gates.analyze import analyze_change, render_text
 from flagtrial.gates.implied import _as_edit
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, Outcome
 from flagtrial.gates.preflight import combine, corrected
@@ -174,6 +174,41 @@ def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there
             assert "through enable_flashinfer_allreduce_fusion (True -> False)" in final.reason
     assert fusion == {"moe": (True, False), "dense": (False, False)}
     assert outcomes == {"moe": (Outcome.UNKNOWN, Outcome.ACTIVE), "dense": (Outcome.UNKNOWN,) * 2}
+
+
+def test_an_edit_whose_reads_after_resolution_are_all_ruled_out_is_a_no_op(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SGLang 0.5.23 at TP 4 on SM90: `--enforce-disable-flashinfer-allreduce-fusion` is read
+    in argument resolution (overrides.py:1009, writing the backend None) and, after it, only
+    in another model's file (models/beam.py). For the dense Llama the auto-enable never ran,
+    so the resolution moves nothing but the switch: a NO-OP. For a Qwen3-MoE the auto-enable
+    picked a backend, which the switch takes back: the resolution moves it, ACTIVE stands."""
+    moe = tmp_path / "moe-qwen3"
+    moe.mkdir()
+    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
+    edit = "--enforce-disable-flashinfer-allreduce-fusion"
+    facts = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=4)
+    host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=4)
+    outcomes = {}
+    for name, model in (("dense", sglang_model), ("moe", moe)):
+        command = ["--model-path", str(model), "--tp-size", "4"]
+        good = resolve_local(sglang_bin, "sglang", command, facts)
+        cand = resolve_local(sglang_bin, "sglang", [*command, edit], facts)
+        assert good.status == cand.status == "resolved", (good, cand)
+        config = json.loads((model / "config.json").read_text())
+        words = ["--tp-size", "4", edit]
+        (static,) = analyze_change("sglang", "0.5.23", [(edit, None)], host, 4, command=words,
+                                   model=config)  # fmt: skip
+        assert static.acts_in_resolution_only, render_text([static])
+        (final,) = combine([static], good, cand)
+        outcomes[name] = (static.outcome, final.outcome)
+    assert outcomes == {
+        "dense": (Outcome.ACTIVE, Outcome.NO_OP),
+        "moe": (Outcome.ACTIVE, Outcome.ACTIVE),
+    }
 
 
 def test_a_moved_setting_is_followed_only_as_one_edit_against_the_known_good() -> None:
@@ -543,6 +578,17 @@ def test_combine_rules() -> None:
         assert fails.outcome == Outcome.FAILS and fails.cites("overrides.py:1215")
     # the known-good, which runs, refused at the same raise: the resolution cannot tell
     assert combine([left_open], there, there)[0].outcome == Outcome.UNKNOWN
+    # apart only in the edit's own setting, acting only through reads in argument
+    # resolution: a NO-OP; not where it acts beyond, nor where another setting moved
+    itself = _finding(Outcome.ACTIVE).model_copy(
+        update={"fields": ["kv_cache_dtype"], "acts_in_resolution_only": True}
+    )
+    own = _res("resolved", {"a": 1, "kv_cache_dtype": "nvfp4"})
+    assert combine([itself], ok, own)[0].outcome == Outcome.NO_OP
+    beyond = itself.model_copy(update={"acts_in_resolution_only": False})
+    assert combine([beyond], ok, own)[0].outcome == Outcome.ACTIVE
+    moved = _res("resolved", {"a": 2, "kv_cache_dtype": "nvfp4"})
+    assert combine([itself], ok, moved)[0].outcome == Outcome.ACTIVE
     assert combine([left_open], raised, raised)[0].outcome == Outcome.UNKNOWN  # raised elsewhere
     assert combine([_finding(Outcome.ACTIVE)], None, None)[0].outcome == Outcome.ACTIVE
 

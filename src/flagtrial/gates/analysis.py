@@ -17,6 +17,7 @@ from flagtrial.gates.decide import decide
 from flagtrial.gates.evidence import Chain
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
+from flagtrial.gates.modelfiles import other_model
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.platforms import foreign_module, platform_module
 from flagtrial.gates.reader import SourceReader
@@ -267,8 +268,23 @@ class Analysis:
         path = self.index.files[fi].path.removeprefix(self.index.layout.package + "/")
         return path.startswith(self.index.layout.startup_paths)
 
-    def foreign(self, fi: int) -> str | None:
-        return foreign_module(self.index, self.reader, fi, self.host)
+    def foreign(self, fi: int, line: int | None = None) -> str | None:
+        """Why code at `line` of file `fi` never runs here (another platform's module, another
+        model's), or None when it may."""
+        why = foreign_module(self.index, self.reader, fi, self.host)
+        if why is None and self.model is not None and self._builds_named_model():
+            why = other_model(self.index, self.reader, fi, line, self.model)
+        return why
+
+    def _builds_named_model(self) -> bool:
+        """Only the classes config.json's architectures name are built: no draft model
+        (speculative decoding) and no other implementation (`--model-impl transformers`)."""
+        settings = {**self.others, **{name: self.new[name].value for name in self.edited}}
+        return not any(
+            ("speculative" in name and value not in (None, False, ""))
+            or (name == "model_impl" and value not in (None, "auto"))
+            for name, value in settings.items()
+        )
 
     def _runs_at_startup(self, fi: int, stmts: list[ast.stmt]) -> bool:
         """Argument resolution runs at every launch; so does the function that resolves a

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flagtrial.gates.bodies import ruled_out_inside
+from flagtrial.gates.callers import never_called_here
 from flagtrial.gates.leveldefaults import level_default
 from flagtrial.gates.model import Evidence, GateFinding, Outcome
 from flagtrial.gates.paths import Walker
@@ -195,7 +196,14 @@ def _active(
             f"{count} read(s) of {', '.join(sorted(a.edited))} can act on this"
             f" host, e.g. {a.where(alive[0].site)}"
         )
-    return a.finding(Outcome.ACTIVE, "; ".join(parts))
+    finding = a.finding(Outcome.ACTIVE, "; ".join(parts))
+    finding.acts_in_resolution_only = (
+        not a.selected
+        and not a.skipped
+        and len(effects) < MAX_EFFECTS
+        and all(a.startup_file(e.site.fi) for e in alive)
+    )
+    return finding
 
 
 def _backend_rejected(a: Analysis) -> GateFinding | None:
@@ -239,8 +247,10 @@ def _effects(a: Analysis, walker: Walker) -> list[Effect]:
         if declaration_read(site, a.index.table):
             continue
         if consumer(site, a.index.table.fields, a.new)[0] == "effect":
-            effect = classify(site, a.foreign(site.fi))
-            inert = ruled_out_inside(a, site) if effect.status == "alive" else None
+            effect = classify(site, a.foreign(site.fi, site.stmt.lineno))
+            inert = None
+            if effect.status == "alive":
+                inert = ruled_out_inside(a, site) or never_called_here(a, site)
             effects.append(Effect(site, "hw", inert) if inert is not None else effect)
             if len(effects) >= MAX_EFFECTS:
                 break

@@ -129,6 +129,10 @@ class GateFinding(BaseModel):
     # tests may be assigned there): the outcome the reads show once it is, as when the
     # engine's own resolution of the command runs through (gates/preflight.py `combine`).
     unless_raised: Outcome | None = None
+    # ACTIVE only through reads in argument resolution: every read after it is ruled out,
+    # no function the value selects runs, none was left unwalked. The engine's own
+    # resolution then shows what those reads do (gates/preflight.py `combine`).
+    acts_in_resolution_only: bool = False
 
     def cites(self, where: str) -> bool:
         """Whether a `file:line` (path suffix allowed) is part of the evidence chain."""

@@ -104,6 +104,30 @@ def _same_config(finding: GateFinding, cand: Resolution) -> GateFinding:
     )
 
 
+def _moves_only_itself(finding: GateFinding, good: Resolution, cand: Resolution) -> GateFinding:
+    """SGLang resolves both commands to records apart only in the edit's own settings, and
+    the edit acts only through reads in argument resolution (which that resolution ran):
+    those reads changed no other setting, and every read after resolution is ruled out."""
+    moved = {k for k in good.settings.keys() | cand.settings.keys()
+             if good.settings.get(k) != cand.settings.get(k)}  # fmt: skip
+    if finding.outcome != Outcome.ACTIVE or not finding.acts_in_resolution_only:
+        return finding
+    if not moved <= set(finding.fields):
+        return finding
+    note = Evidence(
+        role="note",
+        note=f"the engine's own resolution moves no setting but {', '.join(sorted(moved))}"
+        f" ({cand.facts}); its reads in argument resolution change nothing else",
+    )
+    reason = (
+        "the engine's own resolution moves no other setting, and every read after it is"
+        " ruled out on this host"
+    )
+    return finding.model_copy(
+        update={"outcome": Outcome.NO_OP, "reason": reason, "evidence": [note, *finding.evidence]}
+    )
+
+
 def corrected(
     findings: list[GateFinding],
     good: Resolution,
@@ -140,6 +164,8 @@ def combine(
     - Both resolve to the same configuration (vLLM's VllmConfig, every field, with the
       attention backend its selector picks for the model): an ACTIVE or UNKNOWN edit whose
       settings reach the server only through it is a NO-OP.
+    - Both resolve to whole records (SGLang) apart only in an ACTIVE edit's own settings, and
+      its reads that act all lie in argument resolution: a NO-OP on this host.
     - The candidate resolves through the whole resolution (SGLang): an edit UNKNOWN only for
       a raise in argument resolution not ruled out (`unless_raised`) gets the outcome its
       reads show, since that code ran with this command on this host and did not raise.
@@ -208,7 +234,7 @@ def combine(
             role="note",
             note=f"the engine's own resolution of the candidate runs through ({cand.facts})",
         )
-        return [
+        findings = [
             f.model_copy(
                 update={
                     "outcome": f.unless_raised,
@@ -222,6 +248,8 @@ def combine(
             else f
             for f in findings
         ]
+        if good.raised is None and good.complete:
+            findings = [_moves_only_itself(f, good, cand) for f in findings]
     return findings
 
 

@@ -55,6 +55,10 @@ class FileInfo:
     # field name -> (line, unit start, unit end): the function or statement around a mention
     mentions: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
     top_funcs: dict[str, list[int]] = field(default_factory=dict)
+    # what an import statement anywhere in the file (in functions too) binds: `import a.b`
+    # gives a.b, `from a import b` a.b (a submodule or a name; a itself runs as its parent),
+    # `from a import *` a
+    loads: set[str] = field(default_factory=set)
 
 
 def _dotted(node: ast.expr) -> str:
@@ -83,6 +87,7 @@ class _Scanner:
     ) -> None:
         for stmt in stmts:
             end = stmt.end_lineno or stmt.lineno
+            self._loads(stmt)
             if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
                 self._func(stmt, cls, top=cls is None and not in_func)
                 self._body(stmt.body, None, True, False)
@@ -103,6 +108,15 @@ class _Scanner:
                 self._module_level(stmt, cls, conditional, end)
             for sub in sub_bodies(stmt):
                 self._body(sub, cls, in_func, conditional or not in_func)
+
+    def _loads(self, stmt: ast.stmt) -> None:
+        if isinstance(stmt, ast.Import):
+            self.info.loads.update(sys.intern(alias.name) for alias in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom):
+            module = absolute(self.info.module, self.is_package, stmt.level, stmt.module)
+            self.info.loads.update(
+                sys.intern(module if a.name == "*" else f"{module}.{a.name}") for a in stmt.names
+            )
 
     def _func(
         self, node: ast.FunctionDef | ast.AsyncFunctionDef, cls: ClassInfo | None, top: bool

@@ -29,6 +29,7 @@ LAYOUT = EngineLayout(
     exclude=("benchmarks", "third_party"),
     tp_fields=("tensor_parallel_size",),
     startup_paths=("engine/arg_utils.py", "config/"),
+    model_package="model_executor/models",
     platform_objects={
         "current_platform": (
             "vllm.platforms",
