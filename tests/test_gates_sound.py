@@ -157,6 +157,29 @@ def test_a_read_in_another_models_file_does_not_count() -> None:
     assert not any("another model's code" in (e.note or "") for e in f.evidence)
 
 
+def test_a_method_of_a_class_a_table_gives_other_architectures_does_not_count() -> None:
+    # vLLM's models/config.py:1211 MODELS_CONFIG_MAP, looked up by architecture
+    # (config/model.py:1518), gives UnlimitedOCRForCausalLMConfig (:160), which reads
+    # flash_attn_version (:225), to that architecture alone; Gemma4Config (:301, read at
+    # :336) to the Gemma 4 ones and, as a base class, to EmbeddingGemma2Model's (:371).
+    index = source_index(*VLLM)
+    reader = _reader(index)
+    fi = index.modules["vllm.model_executor.models.config"]
+    why = other_model(index, reader, fi, 225, ModelFacts.of(DENSE))
+    assert why is not None and "UnlimitedOCRForCausalLMConfig serves" in why
+    ocr = ModelFacts.of({"architectures": ["UnlimitedOCRForCausalLM"]})
+    assert other_model(index, reader, fi, 225, ocr) is None
+    embedding = ModelFacts.of({"architectures": ["EmbeddingGemma2Model"]})
+    assert other_model(index, reader, fi, 336, embedding) is None
+    assert other_model(index, reader, fi, 336, ModelFacts.of(DENSE)) is not None
+    # A module global a function rebinds (`global _current_vllm_config`, config/vllm.py:3570)
+    # is not its initial None: fa_utils.py:115 reads the version through it, and on SM89
+    # (no FA3) the edit acts, not a no-op.
+    sm89 = cuda((8, 9))
+    f = gate(VLLM, "--attention-config.flash_attn_version", "3", sm89, model=DENSE)
+    expect(f, Outcome.ACTIVE, "vllm/v1/attention/backends/fa_utils.py:115")
+
+
 def test_a_read_in_a_function_every_call_of_which_is_off_here_does_not_count() -> None:
     # add_norm.py:163 reads the switch in aiter_ar_fusion_enabled_for(), which no other file
     # imports; its one call (:181) comes after `_use_aiter and` in a chain of `and`s, and

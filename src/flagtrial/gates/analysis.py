@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from flagtrial.gates.decide import decide
 from flagtrial.gates.evidence import Chain
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import Evidence, GateFinding, GateHost, ModelFacts, Outcome
-from flagtrial.gates.modelfiles import other_model
+from flagtrial.gates.modelfiles import ARCHITECTURE, other_model
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.platforms import foreign_module, platform_module
 from flagtrial.gates.reader import SourceReader
@@ -249,7 +248,7 @@ class Analysis:
         if self.model is None or not self.model.architectures:
             return False
         fn = next((f for f in self.index.files[fi].funcs if f.start == start), None)
-        if fn is None or not fn.dispatch or not all(_ARCH.match(k) for k in fn.dispatch):
+        if fn is None or not fn.dispatch or not all(ARCHITECTURE.match(k) for k in fn.dispatch):
             return False
         return not set(fn.dispatch) & set(self.model.architectures)
 
@@ -386,7 +385,3 @@ class Analysis:
             evidence=self.chain.items,
             unless_raised=unless_raised,
         )
-
-
-# a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
-_ARCH = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")

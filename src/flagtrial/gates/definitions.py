@@ -6,6 +6,7 @@ function's body is interpreted in interpret.py)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ def _global_name(ev: Evaluator, fi: int, name: str) -> Val:
     sites = [s for s in info.assigns.get(name, []) if not _type_only(ev, fi, s)]
     if sites:
         start, end, conditional = sites[0]
-        if len(sites) > 1 or conditional:
+        if len(sites) > 1 or conditional or _rebound(ev, fi, name):
             return Val(UNKNOWN)  # assigned in branches: which one is not known here
         return _assigned(ev, fi, start, end, name)
     if name in info.imports:
@@ -74,6 +75,19 @@ def _global_name(ev: Evaluator, fi: int, name: str) -> Val:
     if name in BUILTINS:
         return Val(Builtin(name))
     return _module_getattr(ev, fi, name)
+
+
+_GLOBAL = re.compile(r"^\s+global\s+([\w\s,]+?)\s*(?:#.*)?$")
+
+
+def _rebound(ev: Evaluator, fi: int, name: str) -> bool:
+    """A function of the module rebinds the name at run time (`global _current_vllm_config`
+    in `set_current_vllm_config`): its module-level value is only the initial one."""
+    for line in ev.reader.lines(fi):
+        m = _GLOBAL.match(line)
+        if m and name in (n.strip() for n in m.group(1).split(",")):
+            return True
+    return False
 
 
 def _type_only(ev: Evaluator, fi: int, site: tuple[int, int, bool]) -> bool:

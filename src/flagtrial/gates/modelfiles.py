@@ -1,4 +1,5 @@
-"""Another model's code: a function in a model module this model never loads cannot act.
+"""Another model's code: a function in a model module this model never loads cannot act,
+nor a method of a class a table keyed by architecture gives only to other models.
 
 Both engines keep one module per architecture under their model package
 (`sglang/srt/models/llama.py`, `vllm/model_executor/models/llama.py`) and build the class
@@ -8,16 +9,26 @@ model package is that module, what it imports (at any depth, inside functions to
 code outside the package imports from it. SGLang's registry imports every model module to
 collect its `EntryClass`, so only module-level statements of the others run: a read inside
 a function or method there is ruled out, one at module level is not.
+
+A module-level dict keyed by architecture names whose values are classes of its module
+(vLLM's `MODELS_CONFIG_MAP = {"DeepseekV32ForCausalLM": DeepseekV32ForCausalLM, ...}`,
+looked up `.get(architecture)`) runs a class's methods only for the architectures mapped
+to it, or to a subclass of it: the others' methods are ruled out, unless another file
+imports the class.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import threading
 
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import ModelFacts
 from flagtrial.gates.reader import SourceReader
+
+# a model architecture's class name: LlamaForCausalLM, IQuestQ1MTP, Qwen3VLModel
+ARCHITECTURE = re.compile(r"^[A-Z][A-Za-z0-9]*(For[A-Z]\w*|Model|MTP|NextN)$")
 
 _CACHE: dict[tuple[int, tuple[str, ...]], tuple[frozenset[int], tuple[str, ...]] | None] = {}
 _LOCK = threading.Lock()
@@ -89,9 +100,15 @@ def other_model(
 ) -> str | None:
     """Why a read at `line` of file `fi` (any line when None) never runs for this model, or
     None when it may."""
-    package = _package(index)
     info = index.files[fi]
-    if not model.architectures or not package or not _inside(info.module, package):
+    if not model.architectures:
+        return None
+    if line is not None:
+        served = _served_by_map(index, reader, fi, line, model.architectures)
+        if served is not None:
+            return served
+    package = _package(index)
+    if not package or not _inside(info.module, package):
         return None
     key = (id(index), model.architectures)
     with _LOCK:
@@ -106,4 +123,71 @@ def other_model(
     built = ", ".join(index.files[index.modules[m]].path for m in loaded[1] if m in index.modules)
     return (
         f"{info.path} is another model's code: {archs} is built from {built}, which never loads it"
+    )
+
+
+_MAPS: dict[tuple[int, int], dict[str, set[str]]] = {}
+
+
+def _architecture_maps(index: SourceIndex, reader: SourceReader, fi: int) -> dict[str, set[str]]:
+    """class -> the architectures a module-level dict keyed by architectures maps to it."""
+    key = (id(index), fi)
+    with _LOCK:
+        if key in _MAPS:
+            return _MAPS[key]
+    info = index.files[fi]
+    mapped: dict[str, set[str]] = {}
+    for spans in info.assigns.values():
+        for start, end, conditional in spans:
+            stmts = [] if conditional else reader.unit(fi, start, end)
+            value = (
+                stmts[0].value
+                if stmts and isinstance(stmts[0], ast.Assign | ast.AnnAssign)
+                else None
+            )
+            if not isinstance(value, ast.Dict) or len(value.keys) < 3:
+                continue
+            keys = [k.value if isinstance(k, ast.Constant) else None for k in value.keys]
+            if not all(isinstance(k, str) and k[:1].isupper() for k in keys):
+                continue
+            if sum(bool(ARCHITECTURE.match(str(k))) for k in keys) * 2 < len(keys):
+                continue
+            if not all(isinstance(v, ast.Name) and v.id in info.classes for v in value.values):
+                continue
+            for k, v in zip(keys, value.values, strict=True):
+                assert isinstance(v, ast.Name)
+                mapped.setdefault(v.id, set()).add(str(k))
+    with _LOCK:
+        _MAPS[key] = mapped
+    return mapped
+
+
+def _served_by_map(
+    index: SourceIndex, reader: SourceReader, fi: int, line: int, archs: tuple[str, ...]
+) -> str | None:
+    info = index.files[fi]
+    mapped = _architecture_maps(index, reader, fi)
+    owner = next(
+        (c for c in info.classes.values() if c.start <= line <= c.end and c.name in mapped), None
+    )
+    if owner is None:
+        return None
+    chosen = {c for c, given in mapped.items() if given & set(archs)}
+    # the chosen classes and every class they inherit from in this module
+    todo = list(chosen)
+    while todo:
+        cls = info.classes.get(todo.pop())
+        for base in cls.bases if cls else ():
+            if base in info.classes and base not in chosen:
+                chosen.add(base)
+                todo.append(base)
+    if owner.name in chosen:
+        return None
+    if any(f"{info.module}.{owner.name}" in other.loads or info.module in other.loads
+           for j, other in enumerate(index.files) if j != fi):  # fmt: skip
+        return None
+    serves = ", ".join(sorted(mapped[owner.name])[:3])
+    return (
+        f"{info.path}: {owner.name} serves {serves}, not {'/'.join(archs)}: a table keyed by"
+        " architecture gives this model another class or none"
     )
