@@ -291,7 +291,11 @@ SGLANG_PATCHED = {
     "torch.version.cuda",
     "torch.version.hip",
 }
-VLLM_PATCHED = SGLANG_PATCHED | {"vllm.platforms._current_platform"}
+# and on vLLM the op lookup of the compilation passes (resolve_dump.py stand_in_gpu_ops)
+VLLM_PATCHED = SGLANG_PATCHED | {
+    "vllm.platforms._current_platform",
+    "torch._ops._OpNamespace.__getattr__",
+}
 # In the engine's python: every attribute of every loaded module, before and after the
 # declared facts go in (the engine's modules imported first, as at a real resolution).
 _CHECK = """
@@ -308,9 +312,17 @@ if engine == "vllm":
 
 
 def snapshot():
-    return {f"{name}.{attr}": id(value)
-            for name, module in list(sys.modules.items())
-            for attr, value in list(getattr(module, "__dict__", {}).items())}
+    seen = {}
+    for name, module in list(sys.modules.items()):
+        for attr, value in list(getattr(module, "__dict__", {}).items()):
+            seen[f"{name}.{attr}"] = id(value)
+            # and the attributes of the classes the module defines (not pydantic's schema
+            # caches, which fill in on first use)
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                for key, member in list(vars(value).items()):
+                    if not key.startswith("__pydantic"):
+                        seen[f"{name}.{attr}.{key}"] = id(member)
+    return seen
 
 
 before = snapshot()
@@ -382,35 +394,56 @@ def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
     assert on_cuda.settings["device_config"] == "cuda"
 
 
-def test_an_op_only_the_gpu_build_registers_is_not_the_engines_verdict(
+def test_an_op_the_compilation_passes_name_stands_in_so_later_checks_are_reached(
     vllm_bin: Path,  # noqa: F811
     hf_model: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
-    """vLLM builds its fusion passes at configuration time, looking up torch.ops._C ops the
-    CUDA build's extension registers; the CPU build lacks them, so on a declared CUDA host the
-    lookup raises, and that is this venv's shortcoming, never a refusal to start."""
+    """vLLM builds its fusion passes at configuration time, naming torch.ops._C ops the GPU
+    build's extension registers (`ROTARY_OP = torch.ops._C.rotary_embedding.default`); the
+    CPU build lacks them. On declared GPU facts those lookups are stand-ins, so the
+    resolution runs on to VllmConfig's later checks: `--enable-dbo` at TP 8 on SM90 with the
+    default all2all backend is refused there (the microbatching assert), and the known-good
+    resolves."""
     sm120 = ResolveFacts(compute_cap=(12, 0), cuda="12.8", gpus=4)
     fusion = ["--compilation-config.pass_config.fuse_allreduce_rms", "true"]
     got = resolve_local(
         vllm_bin, "vllm", ["serve", str(hf_model), "--tensor-parallel-size", "4", *fusion], sm120
     )
-    assert got.status == "unresolved", got
-    assert got.reason is not None and "has no attribute" in got.reason
+    assert got.status == "resolved", got
+    assert "torch.ops._C.rotary_embedding" in got.stood_in
+    moe = tmp_path / "moe-qwen3"
+    moe.mkdir()
+    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
+    facts = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=8)
+    tp8 = ["serve", str(moe), "--tensor-parallel-size", "8"]
+    good = resolve_local(vllm_bin, "vllm", tp8, facts)
+    cand = resolve_local(vllm_bin, "vllm", [*tp8, "--enable-dbo"], facts)
+    assert good.status == "resolved", good
+    assert cand.status == "raised" and cand.raised is not None, cand
+    assert "Microbatching currently only supports" in cand.raised.message
+    host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=8)
+    config = json.loads((moe / "config.json").read_text())
+    words = ["--tensor-parallel-size", "8", "--enable-dbo"]
+    (static,) = analyze_change("vllm", "0.32.0", [("--enable-dbo", None)], host, 8,
+                               command=words, model=config)  # fmt: skip
+    (finding,) = combine([static], good, cand)
+    assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.FAILS)
 
 
-def test_a_refusal_stands_where_the_known_goods_resolution_cannot_run_here(
+def test_the_engines_refusal_of_eplb_without_expert_parallelism_fails_the_edit(
     vllm_bin: Path,  # noqa: F811
     hf_model: Path,  # noqa: F811
 ) -> None:
-    """At TP 4 on a declared SM100 the known-good's resolution stops at a fusion pass's op
-    only the GPU build registers (not a verdict), while `--enable-eplb` without expert
-    parallelism is refused earlier by vLLM's ParallelConfig: that refusal is the engine's, and
-    the edit FAILS AT STARTUP."""
+    """`--enable-eplb` without expert parallelism is refused by vLLM's ParallelConfig; the
+    static analysis cannot see it (a setting the check tests may be assigned elsewhere), the
+    engine's own resolution can: FAILS AT STARTUP (the known-good that cannot resolve here
+    is covered by test_combine_rules)."""
     facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
     tp4 = ["serve", str(hf_model), "--tensor-parallel-size", "4"]
     good = resolve_local(vllm_bin, "vllm", tp4, facts)
     cand = resolve_local(vllm_bin, "vllm", [*tp4, "--enable-eplb"], facts)
-    assert good.status == "unresolved", good
+    assert good.status == "resolved", good
     assert cand.status == "raised" and cand.raised is not None, cand
     assert "enable_expert_parallel must be True to use EPLB" in cand.raised.message
     host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)

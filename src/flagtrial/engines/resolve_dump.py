@@ -227,6 +227,7 @@ def declare_vllm(facts: dict[str, Any]) -> None:
     from vllm.platforms.interface import DeviceCapability
 
     if facts["platform"] == "rocm":
+        _cpu_kernels_as_vllm_c()
         from vllm.platforms.rocm import RocmPlatform as base
     else:
         from vllm.platforms.cuda import NonNvmlCudaPlatform as base
@@ -258,6 +259,54 @@ def declare_vllm(facts: dict[str, Any]) -> None:
     # the class overrides exactly these: get_device_capability, get_device_name,
     # get_device_total_memory, device_count, is_fully_connected, is_cumem_allocator_available
     _patch(platforms, "_current_platform", declared())
+    stand_in_gpu_ops()
+
+
+def _cpu_kernels_as_vllm_c() -> None:
+    """The CPU build's `vllm._C` is its AVX512 kernel library; the ROCm platform module
+    imports it by that name (platforms/rocm.py), which on a CPU without AVX512 dies of an
+    illegal instruction. The CPU platform's own loader picks the variant this CPU runs
+    (platforms/cpu.py `import_kernels`: `vllm._C_AVX2`); loaded first, the name is bound to
+    it, its ops registered as `vllm._C` would have."""
+    import torch
+
+    if "vllm._C" in sys.modules or torch.cpu._is_avx512_supported():
+        return
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.import_kernels()
+    sys.modules["vllm._C"] = types.ModuleType("vllm._C", "the CPU kernels this CPU runs")
+    _patched.append("sys.modules[vllm._C]")
+
+
+# The op namespaces vLLM's GPU builds register from their compiled extensions.
+GPU_OP_NAMESPACES = ("_C", "_moe_C", "_C_cache_ops", "_C_custom_ar", "_rocm_C")
+
+
+def stand_in_gpu_ops() -> None:
+    """An op of the GPU build's extensions that this CPU build lacks, looked up by vLLM's
+    compilation passes, is a stand-in: they name such ops as the configuration builds them
+    (`ROTARY_OP = torch.ops._C.rotary_embedding.default`, passes/fusion/matcher_utils.py)
+    only to match graphs when compiling, and without one the resolution would stop there,
+    before VllmConfig's later checks. Elsewhere a lookup still fails: vLLM tests for its
+    ops with `hasattr` and registers fake kernels for those it finds."""
+    from torch import _ops
+
+    lookup = _ops._OpNamespace.__getattr__
+    passes = f"{os.sep}vllm{os.sep}compilation{os.sep}"
+
+    def gpu_lookup(self: Any, op_name: str) -> Any:
+        try:
+            return lookup(self, op_name)
+        except AttributeError:
+            caller = sys._getframe(1).f_code.co_filename
+            if self.name not in GPU_OP_NAMESPACES or passes not in caller:
+                raise
+            _stood_in.append(f"torch.ops.{self.name}.{op_name}")
+            return _StandIn(f"torch.ops.{self.name}.{op_name}")
+
+    _ops._OpNamespace.__getattr__ = gpu_lookup
+    _patched.append("torch._ops._OpNamespace.__getattr__")
 
 
 def keep_model_infos_unsaved() -> None:
