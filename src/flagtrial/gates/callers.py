@@ -15,6 +15,7 @@ import re
 from typing import TYPE_CHECKING
 
 from flagtrial.gates.bodies import BodyEvaluator
+from flagtrial.gates.modelfiles import imported_elsewhere
 from flagtrial.gates.scan import FuncInfo
 from flagtrial.gates.sites import ReadSite
 from flagtrial.gates.values import Scope, Val, derived
@@ -27,7 +28,7 @@ def never_called_here(a: Analysis, site: ReadSite) -> Val | None:
     """A host-decided False when no call of the function holding the read runs on this
     host; None when that is not shown."""
     fn = _holder(a, site)
-    if fn is None or fn.decorators or not _private_to_its_file(a, site.fi, fn.name):
+    if fn is None or fn.decorators or imported_elsewhere(a.index, site.fi, fn.name):
         return None
     ev = BodyEvaluator(
         a.index, a.reader, a.host, a.new, model=a.model, defaults={},
@@ -59,15 +60,6 @@ def _holder(a: Analysis, site: ReadSite) -> FuncInfo | None:
     inside = [f for f in a.index.files[site.fi].funcs if f.start <= line <= f.end]
     fn = max(inside, key=lambda f: f.start, default=None)
     return fn if fn is not None and fn.top else None
-
-
-def _private_to_its_file(a: Analysis, fi: int, name: str) -> bool:
-    module = a.index.files[fi].module
-    return not any(
-        module in info.loads or f"{module}.{name}" in info.loads
-        for j, info in enumerate(a.index.files)
-        if j != fi
-    )
 
 
 def _call_blocked(a: Analysis, ev: BodyEvaluator, fi: int, line: int, name: str) -> Val | None:

@@ -183,11 +183,20 @@ def _served_by_map(
                 todo.append(base)
     if owner.name in chosen:
         return None
-    if any(f"{info.module}.{owner.name}" in other.loads or info.module in other.loads
-           for j, other in enumerate(index.files) if j != fi):  # fmt: skip
+    if imported_elsewhere(index, fi, owner.name):
         return None
     serves = ", ".join(sorted(mapped[owner.name])[:3])
     return (
         f"{info.path}: {owner.name} serves {serves}, not {'/'.join(archs)}: a table keyed by"
         " architecture gives this model another class or none"
+    )
+
+
+def imported_elsewhere(index: SourceIndex, fi: int, name: str) -> bool:
+    """Whether a file other than `fi` imports `name` from it, or its module whole."""
+    module = index.files[fi].module
+    return any(
+        module in info.loads or f"{module}.{name}" in info.loads
+        for j, info in enumerate(index.files)
+        if j != fi
     )
