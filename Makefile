@@ -12,36 +12,31 @@ SGLANG_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.23/bin/python
 SGLANG_OLDER_PYTHON := $(FLAGTRIAL_CACHE)/sglang-0.5.10/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-vllm test lint system-deps llama-server vllm sglang clean
+.PHONY: demo demo-vllm test deps lint system-deps llama-server vllm sglang clean
 
 system-deps:
 	scripts/install-system-deps.sh
 
-$(STAMP): pyproject.toml
-	$(MAKE) system-deps
+$(STAMP): pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-$(LLAMA_SERVER):
-	$(MAKE) system-deps
+$(LLAMA_SERVER): $(STAMP)
 	PYTHON=$(VENV)/bin/python scripts/build-llama-server.sh
 
 llama-server: $(STAMP) $(LLAMA_SERVER)
 
-$(VLLM_PYTHON):
-	$(MAKE) system-deps
+$(VLLM_PYTHON): | system-deps
 	scripts/install-vllm.sh
 
 vllm: $(VLLM_PYTHON)
 
-$(SGLANG_PYTHON):
-	$(MAKE) system-deps
+$(SGLANG_PYTHON): | system-deps
 	scripts/install-sglang.sh
 
-$(SGLANG_OLDER_PYTHON):
-	$(MAKE) system-deps
+$(SGLANG_OLDER_PYTHON): | system-deps
 	SGLANG_VERSION=0.5.10 scripts/install-sglang.sh
 
 sglang: $(SGLANG_PYTHON) $(SGLANG_OLDER_PYTHON)
@@ -59,7 +54,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy src
 
-test: lint $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON) $(SGLANG_OLDER_PYTHON)
+# Everything the tests need. The installs are independent (the apt step runs once, first),
+# so `make test` builds them in parallel: on a fresh machine that is the llama.cpp build's
+# time, not the sum of all four.
+deps: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON) $(SGLANG_OLDER_PYTHON)
+
+test:
+	$(MAKE) -j4 deps
+	$(MAKE) lint
 	$(VENV)/bin/pytest -q -rs
 
 clean:
