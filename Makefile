@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | system-deps
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $@
 
-$(LLAMA_SERVER): $(STAMP)
+$(LLAMA_SERVER): | $(STAMP)
 	PYTHON=$(VENV)/bin/python scripts/build-llama-server.sh
 
 llama-server: $(STAMP) $(LLAMA_SERVER)
