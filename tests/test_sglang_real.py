@@ -1,8 +1,8 @@
 """Engine `sglang` against a real SGLang 0.5.23 server on CPU
 (tests/harness/sglang_fixtures.py): its version, its flags from its own parser, its facts as
-the server reports them, the
-concurrency its scheduler admits, and a trial that loses capacity. Run under the heavy lock:
-`flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`."""
+the server reports them, the concurrency its scheduler admits, attributions by the engine's
+own resolution, and a trial that loses capacity, all on one server the module shares. Run
+under the heavy lock: `flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from flagtrial import sourceread
-from flagtrial.demo import free_port
 from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
 from flagtrial.engines.resolve import compare, resolve_spec
@@ -26,7 +25,7 @@ from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from harness.cli import cli
-from harness.sglang_fixtures import KV_TOKENS, SglangServer, write_sglang_project
+from harness.sglang_fixtures import KV_TOKENS, SglangServer, SglangTrials
 
 
 def host(tmp_path: Path) -> ProcessTarget:
@@ -191,17 +190,88 @@ def test_long_requests_are_bound_by_the_kv_cache(sglang_server: SglangServer) ->
     assert queued > 0
 
 
+def _attributed_trial(trials: SglangTrials, *args: str) -> dict[str, Any]:
+    """`flagtrial trial ... --attribute --json` on the module's server, left serving what the
+    trial ends on (the known-good restored, or the candidate kept)."""
+    # the candidate's start and one block are all these tests need of the measurement
+    project = trials.project(policy="runs = 2\nmax_runs = 4\nmax_seconds = 30\n")
+    result = cli(project, "trial", *args, "--attribute", "--json", timeout=1200)
+    assert result.returncode in (0, 10, 11), result.stdout + result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    unit = trials.root / "sglang.service"
+    assert "--watchdog-timeout" not in unit.read_text() or out["outcome"] == "kept"
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one or two real SGLang starts on CPU, or more
+def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
+    sglang_trials: SglangTrials,
+) -> None:
+    """SGLang sizes its static memory from the chunked-prefill size
+    (srt/arg_groups/memory_hook.py `_handle_gpu_memory_settings`): `--chunked-prefill-size
+    1024` moves mem_fraction_static unasked, as the trial's resolution predicted and the
+    server reports. The known-good with each edit alone, resolved by the engine: only that
+    edit moves it, so no restart is spent to find it (a search by restarts would start each
+    edit alone and restore the known-good: 3 starts)."""
+    out = _attributed_trial(
+        sglang_trials,
+        "--set", "--watchdog-timeout=400", "--set", "--chunked-prefill-size=1024",
+    )  # fmt: skip
+    assert "mem_fraction_static" in {c["name"] for c in out["diff"]["implicit"]}, out["diff"]
+    # no measured effect to attribute (it would be measured by restarts of its own)
+    assert out["verdict"]["finding"] not in ("harm", "gain"), out["verdict"]
+    attributed = out["attribution"]
+    assert attributed["used"]["restarts"] == 0 and attributed["journals"] == []
+    assert attributed["resolutions"] == 3  # the known-good, and each edit alone
+    watchdog, chunk = attributed["edits"]
+    assert any(
+        e.startswith(
+            "the engine's own resolution of the known-good with only this edit: "
+            "mem_fraction_static 0."
+        )
+        for e in chunk["evidence"]
+    ), chunk
+    assert not any("mem_fraction_static" in e for e in watchdog["evidence"]), watchdog
+    assert watchdog["outcome"] in ("useless", "unresolved")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # one or two real SGLang starts on CPU, or more
+def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_restart(
+    sglang_trials: SglangTrials,
+) -> None:
+    """Deterministic inference needs an attention backend the CPU platform does not run:
+    SGLang's resolution raises, the forced candidate does not start. Resolved alone on the
+    known-good, only that edit raises: harmful, no restart spent (a search by restarts would
+    start each edit alone and restore: 3 starts); the other edit is left."""
+    out = _attributed_trial(
+        sglang_trials,
+        "--set", "--watchdog-timeout=400", "--add", "--enable-deterministic-inference",
+        "--force",
+    )  # fmt: skip
+    assert out["verdict"]["decision"] == "REVERT"
+    attributed = out["attribution"]
+    assert attributed["used"]["restarts"] == 0 and attributed["resolutions"] == 3
+    watchdog, deterministic = attributed["edits"]
+    assert deterministic["outcome"] == "harmful"
+    (said,) = deterministic["evidence"]
+    assert said.startswith(
+        "fails at startup per the engine's own resolution: ValueError: Currently only "
+    ), said
+    assert "(sglang/srt/arg_groups/overrides.py:" in said
+    assert watchdog["outcome"] == "unresolved"
+
+
 @pytest.mark.slow
 def test_fewer_running_requests_revert_with_the_binding_limit_named(
-    tmp_path: Path, sglang_bin: Path, sglang_model: Path
+    sglang_trials: SglangTrials,
 ) -> None:
-    """`flagtrial trial` as a user runs it. Three real starts: the known-good
-    (--max-running-requests 8), the candidate (2), the restore."""
-    project = write_sglang_project(
-        tmp_path, sglang_bin, sglang_model, free_port(), "--max-running-requests", "8",
-        policy='runs = 2\ncapacity_guard = "revert"\n',
-    )  # fmt: skip
-    unit = tmp_path / "sglang.service"
+    """`flagtrial trial` as a user runs it, on the module's known-good (--max-running-requests
+    8, serving or started): the candidate (2) starts, then the restore. Last in the module:
+    it stops the server to see every process of it gone."""
+    project = sglang_trials.project(policy='runs = 2\ncapacity_guard = "revert"\n')
+    unit = sglang_trials.root / "sglang.service"
     before = unit.read_bytes()
     target = make_target(load_project(project))
     try:
@@ -251,84 +321,3 @@ def _state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
-
-
-def _attributed_trial(
-    tmp_path: Path, sglang_bin: Path, sglang_model: Path, *args: str
-) -> dict[str, Any]:
-    """`flagtrial trial ... --attribute --json` on a real SGLang server of its own."""
-    project = write_sglang_project(
-        tmp_path, sglang_bin, sglang_model, free_port(), "--max-running-requests", "8",
-        # the candidate's start and one block are all these tests need of the measurement
-        policy="runs = 2\nmax_runs = 4\nmax_seconds = 30\n",
-    )  # fmt: skip
-    unit = tmp_path / "sglang.service"
-    target = make_target(load_project(project))
-    try:
-        result = cli(project, "trial", *args, "--attribute", "--json", timeout=1200)
-        assert result.returncode in (0, 10, 11), result.stdout + result.stderr
-        out: dict[str, Any] = json.loads(result.stdout)
-    finally:
-        asyncio.run(target.stop())  # type: ignore[attr-defined]
-    assert "--watchdog-timeout" not in unit.read_text() or out["outcome"] == "kept"
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # two real SGLang starts on CPU, or more
-def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
-    tmp_path: Path, sglang_bin: Path, sglang_model: Path
-) -> None:
-    """SGLang sizes its static memory from the chunked-prefill size
-    (srt/arg_groups/memory_hook.py `_handle_gpu_memory_settings`): `--chunked-prefill-size
-    1024` moves mem_fraction_static unasked, as the trial's resolution predicted and the
-    server reports. The known-good with each edit alone, resolved by the engine: only that
-    edit moves it, so no restart is spent to find it (a search by restarts would start each
-    edit alone and restore the known-good: 3 starts)."""
-    out = _attributed_trial(
-        tmp_path, sglang_bin, sglang_model,
-        "--set", "--watchdog-timeout=400", "--set", "--chunked-prefill-size=1024",
-    )  # fmt: skip
-    assert "mem_fraction_static" in {c["name"] for c in out["diff"]["implicit"]}, out["diff"]
-    # no measured effect to attribute (it would be measured by restarts of its own)
-    assert out["verdict"]["finding"] not in ("harm", "gain"), out["verdict"]
-    attributed = out["attribution"]
-    assert attributed["used"]["restarts"] == 0 and attributed["journals"] == []
-    assert attributed["resolutions"] == 3  # the known-good, and each edit alone
-    watchdog, chunk = attributed["edits"]
-    assert any(
-        e.startswith(
-            "the engine's own resolution of the known-good with only this edit: "
-            "mem_fraction_static 0."
-        )
-        for e in chunk["evidence"]
-    ), chunk
-    assert not any("mem_fraction_static" in e for e in watchdog["evidence"]), watchdog
-    assert watchdog["outcome"] in ("useless", "unresolved")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # two real SGLang starts on CPU, or more
-def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_restart(
-    tmp_path: Path, sglang_bin: Path, sglang_model: Path
-) -> None:
-    """Deterministic inference needs an attention backend the CPU platform does not run:
-    SGLang's resolution raises, the forced candidate does not start. Resolved alone on the
-    known-good, only that edit raises: harmful, no restart spent (a search by restarts would
-    start each edit alone and restore: 3 starts); the other edit is left."""
-    out = _attributed_trial(
-        tmp_path, sglang_bin, sglang_model,
-        "--set", "--watchdog-timeout=400", "--add", "--enable-deterministic-inference",
-        "--force",
-    )  # fmt: skip
-    assert out["verdict"]["decision"] == "REVERT"
-    attributed = out["attribution"]
-    assert attributed["used"]["restarts"] == 0 and attributed["resolutions"] == 3
-    watchdog, deterministic = attributed["edits"]
-    assert deterministic["outcome"] == "harmful"
-    (said,) = deterministic["evidence"]
-    assert said.startswith(
-        "fails at startup per the engine's own resolution: ValueError: Currently only "
-    ), said
-    assert "(sglang/srt/arg_groups/overrides.py:" in said
-    assert watchdog["outcome"] == "unresolved"

@@ -3,11 +3,12 @@ with its stand-in `sgl_kernel`) serving the tiny generated Llama, as a unit unde
 target.
 
 A start costs about a minute on two cores (mostly imports), so the tests of a module share
-one server where they only read it (`sglang_server`); a trial starts its own. The KV cache
-is always bounded (`--max-total-tokens`): by default SGLang sizes it from free RAM (15 GB
-here). The shared server stops with its module. Every start holds the heavy-server lock
-(one real vLLM or SGLang at a time on the test machine), taken by the caller:
-`flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`.
+one project and its server (`sglang_trials`), as the vLLM tests do: a test that finds the
+known-good serving (the last test's, or a trial's restore) starts nothing; tests that only
+read the server use `sglang_server`. The KV cache is always bounded (`--max-total-tokens`):
+by default SGLang sizes it from free RAM (15 GB here). The server stops with its module.
+Every start holds the heavy-server lock (one real vLLM or SGLang at a time on the test
+machine), taken by the caller: `flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import pytest
 import flagtrial
 from flagtrial.cache import SGLANG_OLDER_VERSION, SGLANG_VERSION, cache_root, sglang_python
 from flagtrial.demo import free_port
-from flagtrial.engines.base import wait_ready
 from flagtrial.engines.sglang import SglangEngine
 from flagtrial.facts import Facts
 from flagtrial.load.workload import Workload
 from flagtrial.targets.process import ProcessTarget
+from harness.servers import serve_known_good, stop_served
 from harness.standin import write_project
 
 # SGLang's CPU platform is chosen by this variable alone (srt/utils/common.py `is_cpu`); no
@@ -131,21 +132,48 @@ class SglangServer:
         return asyncio.run(read())
 
 
+# The known-good of the module's trials and read-only tests (no restart between them).
+RUNNING_8 = ("--max-running-requests", "8")
+
+
+@dataclass
+class SglangTrials:
+    """The module's project: one unit on one port, one ledger, one server at a time."""
+
+    root: Path
+    python: Path
+    model: Path
+    port: int
+
+    def project(self, policy: str = "runs = 3\n") -> Path:
+        """The project file, its unit's known-good (RUNNING_8) installed, not started."""
+        return write_sglang_project(
+            self.root, self.python, self.model, self.port, *RUNNING_8, policy=policy
+        )
+
+    def serve(self) -> SglangServer:
+        """The known-good serving and recorded in the ledger: started only when another
+        spec (or none) is serving."""
+        project_file = self.project()
+        target, mark = serve_known_good(project_file)
+        return SglangServer(project_file, target, f"http://127.0.0.1:{self.port}", mark)
+
+    def stop(self) -> None:
+        stop_served(self.root / "flagtrial.toml")
+
+
 @pytest.fixture(scope="module")
-def sglang_server(
+def sglang_trials(
     tmp_path_factory: pytest.TempPathFactory, sglang_bin: Path, sglang_model: Path
-) -> Iterator[SglangServer]:
-    """One real SGLang server for the module, started from its unit and ready."""
-    root = tmp_path_factory.mktemp("sglang-server")
-    port = free_port()
-    project = write_sglang_project(
-        root, sglang_bin, sglang_model, port, "--max-running-requests", "8"
-    )
-    url = f"http://127.0.0.1:{port}"
-    target = ProcessTarget(root / "sglang.service", root / "state")
-    mark = asyncio.run(target.restart())
+) -> Iterator[SglangTrials]:
+    trials = SglangTrials(tmp_path_factory.mktemp("sglang"), sglang_bin, sglang_model, free_port())
     try:
-        asyncio.run(wait_ready(SglangEngine(), target, url, mark, READY_TIMEOUT_S))
-        yield SglangServer(project, target, url, mark)
+        yield trials
     finally:
-        asyncio.run(target.stop())
+        trials.stop()
+
+
+@pytest.fixture
+def sglang_server(sglang_trials: SglangTrials) -> SglangServer:
+    """The module's server on its known-good (RUNNING_8), ready."""
+    return sglang_trials.serve()

@@ -26,10 +26,9 @@ from flagtrial.cache import vllm_python
 from flagtrial.demo import free_port, vllm_model
 from flagtrial.launch.change import Change
 from flagtrial.session import Notify
-from flagtrial.settings import load_project
-from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial, TrialOutcome
+from harness.servers import serve_known_good, stop_served
 from harness.session import session_for
 from harness.standin import write_project
 
@@ -157,22 +156,11 @@ class VllmTrials:
         """That known-good serving and recorded in the ledger: started only when another
         spec (or none) is serving."""
         project_file = self.project(*extra, policy=policy)
-        session = session_for(project_file)
-        try:
-            asyncio.run(session.known_good())
-        finally:
-            session.ledger.close()
-        target = session.target
-        assert isinstance(target, ProcessTarget)
-        # This start's log begins at its header (ProcessTarget.restart writes one per start).
-        mark = target.log_path.read_bytes().rindex(b"=== flagtrial start")
-        return VllmServer(project_file, target, f"http://127.0.0.1:{self.port}", str(mark))
+        target, mark = serve_known_good(project_file)
+        return VllmServer(project_file, target, f"http://127.0.0.1:{self.port}", mark)
 
     def stop(self) -> None:
-        """Stop the server, whichever spec it runs (the next serve starts it again)."""
-        project_file = self.root / "flagtrial.toml"
-        if project_file.exists():
-            asyncio.run(make_target(load_project(project_file)).stop())  # type: ignore[attr-defined]
+        stop_served(self.root / "flagtrial.toml")
 
 
 # The lines `flood` reads: the API server's for each request it hands to the engine core, and
