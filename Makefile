@@ -62,7 +62,7 @@ deps: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON) $(SGLANG_OLDER_PY
 test:
 	$(MAKE) -j4 deps
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -rs
+	$(VENV)/bin/pytest -q -rs --durations=20
 
 clean:
 	rm -rf $(VENV) .flagtrial-demo
