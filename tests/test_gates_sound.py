@@ -157,6 +157,24 @@ def test_a_read_in_another_models_file_does_not_count() -> None:
     assert not any("another model's code" in (e.note or "") for e in f.evidence)
 
 
+def test_a_read_in_vllms_per_model_packages_counts_only_for_that_model() -> None:
+    # vLLM keeps a package per model with its own kernels under vllm/models/, named in the
+    # registry by full path (model_executor/models/registry.py:127 "Glm5NextForCausalLM":
+    # ("vllm.models.glm5next", ...)). models/glm5next/common/kda.py:171 (a method) reads the
+    # KDA prefill backend; no code outside vllm/models/ imports glm5next.
+    index = source_index(*VLLM)
+    reader = _reader(index)
+    kda = index.modules["vllm.models.glm5next.common.kda"]
+    why = other_model(index, reader, kda, 171, ModelFacts.of(DENSE))
+    assert why is not None and "models/glm5next/common/kda.py is another model's code" in why
+    glm = ModelFacts.of({"architectures": ["Glm5NextForCausalLM"]})
+    assert other_model(index, reader, kda, 171, glm) is None
+    # A module the attention-backend registry names by path (v1/attention/backends/
+    # registry.py:101) is imported when the selector picks it, whatever the model's module.
+    sparse = index.modules["vllm.models.deepseek_v4.sparse_mla"]
+    assert other_model(index, reader, sparse, 61, ModelFacts.of(DENSE)) is None
+
+
 def test_a_method_of_a_class_a_table_gives_other_architectures_does_not_count() -> None:
     # vLLM's models/config.py:1211 MODELS_CONFIG_MAP, looked up by architecture
     # (config/model.py:1518), gives UnlimitedOCRForCausalLMConfig (:160), which reads

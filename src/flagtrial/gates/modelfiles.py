@@ -1,14 +1,18 @@
 """Another model's code: a function in a model module this model never loads cannot act,
 nor a method of a class a table keyed by architecture gives only to other models.
 
-Both engines keep one module per architecture under their model package
-(`sglang/srt/models/llama.py`, `vllm/model_executor/models/llama.py`) and build the class
+Both engines keep one module per architecture under their model packages
+(`sglang/srt/models/llama.py`, `vllm/model_executor/models/llama.py`; vLLM also keeps a
+package per model with its own kernels, `vllm/models/deepseek_v4/`) and build the class
 config.json's `architectures` names: SGLang's `EntryClass` class of that name, vLLM's
-registry entry (`"LlamaForCausalLM": ("llama", "LlamaForCausalLM")`). What runs of the
-model package is that module, what it imports (at any depth, inside functions too) and what
-code outside the package imports from it. SGLang's registry imports every model module to
-collect its `EntryClass`, so only module-level statements of the others run: a read inside
-a function or method there is ruled out, one at module level is not.
+registry entry (`"LlamaForCausalLM": ("llama", "LlamaForCausalLM")`, or a full module path,
+`("vllm.models.deepseek_v4", ...)`). What runs of the model packages is that module, what
+it imports (at any depth, inside functions too) and what code outside the packages imports
+from them or names by path in a string (vLLM's attention-backend registry:
+`"vllm.models.deepseek_v4.sparse_mla.DeepseekV4FlashMLABackend"`, imported when chosen).
+SGLang's registry imports every model module to collect its `EntryClass`, so only
+module-level statements of the others run: a read inside a function or method there is
+ruled out, one at module level is not.
 
 A module-level dict keyed by architecture names whose values are classes of its module
 (vLLM's `MODELS_CONFIG_MAP = {"DeepseekV32ForCausalLM": DeepseekV32ForCausalLM, ...}`,
@@ -22,6 +26,7 @@ from __future__ import annotations
 import ast
 import re
 import threading
+from pathlib import Path
 
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import ModelFacts
@@ -38,28 +43,64 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _package(index: SourceIndex) -> str:
+def _in_model_code(module: str, packages: tuple[str, ...]) -> bool:
+    return any(_inside(module, package) for package in packages)
+
+
+def _packages(index: SourceIndex) -> tuple[str, ...]:
     layout = index.layout
-    if not layout.model_package:
-        return ""
-    return f"{layout.package}.{layout.model_package.replace('/', '.')}"
+    return tuple(f"{layout.package}.{p.replace('/', '.')}" for p in layout.model_packages)
 
 
-def _defining(index: SourceIndex, reader: SourceReader, package: str, arch: str) -> set[str]:
+def _defining(
+    index: SourceIndex, reader: SourceReader, packages: tuple[str, ...], arch: str
+) -> set[str]:
     """The model modules that implement `arch`: a class of that name, or a registry entry
-    naming the module (`"Arch": ("llama", ...)`)."""
-    entry = re.compile(rf'^\s*"{re.escape(arch)}":\s*\(\s*"(\w+)"')
+    naming the module (`"Arch": ("llama", ...)`, relative to the registry's package, or
+    `"Arch": (\n "vllm.models.glm5next", ...)`)."""
+    entry = re.compile(rf'^\s*"{re.escape(arch)}":\s*\(\s*"([\w.]+)"', re.M)
     found = set()
     for fi, info in enumerate(index.files):
-        if not _inside(info.module, package):
+        if not _in_model_code(info.module, packages):
             continue
         if arch in info.classes:
             found.add(info.module)
-        for line in reader.lines(fi) if "registry" in info.module else ():
-            m = entry.match(line)
-            if m:
-                found.add(f"{package}.{m.group(1)}")
+        if "registry" in info.module:
+            here = info.module.rpartition(".")[0]
+            for name in entry.findall("".join(reader.lines(fi))):
+                found.add(name if "." in name else f"{here}.{name}")
     return found
+
+
+_NAMED: dict[int, frozenset[str]] = {}
+
+
+def _named_by_path(index: SourceIndex, packages: tuple[str, ...]) -> frozenset[str]:
+    """Model modules that code outside the model packages names in a string (a class or
+    module path it imports when chosen): the longest indexed module each string starts with.
+    Called with _LOCK held (from `other_model`, through `_loaded`)."""
+    if id(index) in _NAMED:
+        return _NAMED[id(index)]
+    quoted = re.compile("[\"']((?:" + "|".join(re.escape(p) for p in packages) + r")\.[\w.]+)")
+    named: set[str] = set()
+    for info in index.files:
+        if _in_model_code(info.module, packages):
+            continue
+        text = (Path(index.root) / info.path).read_text(encoding="utf-8", errors="replace")
+        for path in quoted.findall(text):
+            parts = path.split(".")
+            module = next(
+                (
+                    ".".join(parts[:k])
+                    for k in range(len(parts), 0, -1)
+                    if ".".join(parts[:k]) in index.modules
+                ),
+                None,
+            )
+            if module:
+                named.add(module)
+    _NAMED[id(index)] = frozenset(named)
+    return _NAMED[id(index)]
 
 
 def _loaded(
@@ -67,19 +108,22 @@ def _loaded(
 ) -> tuple[frozenset[int], tuple[str, ...]] | None:
     """The model package's files that run for this model, and the modules its architectures
     are built from; None when the package or an architecture's module is not found."""
-    package = _package(index)
-    if not package:
+    packages = _packages(index)
+    if not packages:
         return None
     seeds: set[str] = set()
     for arch in archs:
-        modules = _defining(index, reader, package, arch)
+        modules = _defining(index, reader, packages, arch)
         if not modules:
             return None
         seeds |= modules
     built = tuple(sorted(seeds))
-    # what code outside the model package loads from it (the registry, loaders, runners)
-    seeds |= {m for info in index.files if not _inside(info.module, package) for m in info.loads}
-    seeds.add(package)
+    # what code outside the model packages loads from them (the registry, loaders, runners)
+    seeds |= {
+        m for info in index.files if not _in_model_code(info.module, packages) for m in info.loads
+    }
+    seeds |= _named_by_path(index, packages)
+    seeds.update(packages)
     done: set[int] = set()
     todo = sorted(seeds)
     while todo:
@@ -88,7 +132,7 @@ def _loaded(
         parts = module.split(".")
         for k in range(1, len(parts) + 1):
             fi = index.modules.get(".".join(parts[:k]))
-            if fi is None or fi in done or not _inside(index.files[fi].module, package):
+            if fi is None or fi in done or not _in_model_code(index.files[fi].module, packages):
                 continue
             done.add(fi)
             todo.extend(index.files[fi].loads)
@@ -107,8 +151,7 @@ def other_model(
         served = _served_by_map(index, reader, fi, line, model.architectures)
         if served is not None:
             return served
-    package = _package(index)
-    if not package or not _inside(info.module, package):
+    if not _in_model_code(info.module, _packages(index)):
         return None
     key = (id(index), model.architectures)
     with _LOCK:

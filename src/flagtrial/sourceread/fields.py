@@ -58,9 +58,9 @@ class EngineLayout:
     # Code that runs at every launch (argument resolution and validation), relative to the
     # package: a certain raise there is a certain startup failure.
     startup_paths: tuple[str, ...] = ()
-    # The subpackage (relative to the package) holding one module per model architecture,
-    # of which the server imports the one it builds (with what that imports).
-    model_package: str = ""
+    # The subpackages (relative to the package) holding one module or package per model
+    # architecture, of which the server imports the one it builds (with what that imports).
+    model_packages: tuple[str, ...] = ()
     # Objects chosen at run time (plugin discovery), bound per host runtime:
     # name -> (module defining it, {runtime: "module:Class"}).
     platform_objects: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)

@@ -32,7 +32,7 @@ LAYOUT = EngineLayout(
     exclude=("test", "multimodal_gen", "benchmark"),
     tp_fields=("tp_size",),
     startup_paths=("srt/arg_groups/", "srt/server_args.py"),
-    model_package="srt/models",
+    model_packages=("srt/models",),
 )
 
 

@@ -29,7 +29,9 @@ LAYOUT = EngineLayout(
     exclude=("benchmarks", "third_party"),
     tp_fields=("tensor_parallel_size",),
     startup_paths=("engine/arg_utils.py", "config/"),
-    model_package="model_executor/models",
+    # A second tree, one package per model with its own kernels (`vllm/models/deepseek_v4/`),
+    # named in the registry by full module path.
+    model_packages=("model_executor/models", "models"),
     platform_objects={
         "current_platform": (
             "vllm.platforms",
