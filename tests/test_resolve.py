@@ -42,11 +42,20 @@ pytestmark = pytest.mark.slow
 
 # The gates corpus' model configs (config.json only: what resolution reads of a model).
 CORPUS_MODELS = Path(__file__).resolve().parent.parent / "benchmarks/gates/corpus/models"
+
 SM90 = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=1)
 SM100 = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=1)
 NVFP4 = ["--kv-cache-dtype", "nvfp4"]
 # SGLang 0.5.23 srt/arg_groups/kv_cache_hook.py handle_kv4_compatibility
 REFUSAL = "--kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120"
+
+
+def corpus_model(tmp_path: Path, name: str) -> Path:
+    """A model directory holding only the gates corpus model's config.json."""
+    model = tmp_path / name
+    model.mkdir()
+    shutil.copy(CORPUS_MODELS / f"{name}.json", model / "config.json")
+    return model
 
 
 def site_file(python: Path, relative: str) -> Path:
@@ -150,9 +159,7 @@ def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there
     turns it back off: the edit's own reads decide nothing, the resolution moves the fusion
     setting, whose own analysis acts here, so the edit is ACTIVE through it. For the dense
     Llama nothing was turned on: only the edit's own setting moves, and the finding stands."""
-    moe = tmp_path / "moe-qwen3"
-    moe.mkdir()
-    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
+    moe = corpus_model(tmp_path, "moe-qwen3")
     edit = "--enforce-disable-flashinfer-allreduce-fusion"
     facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
     host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
@@ -186,9 +193,7 @@ def test_an_edit_whose_reads_after_resolution_are_all_ruled_out_is_a_no_op(
     in another model's file (models/beam.py). For the dense Llama the auto-enable never ran,
     so the resolution moves nothing but the switch: a NO-OP. For a Qwen3-MoE the auto-enable
     picked a backend, which the switch takes back: the resolution moves it, ACTIVE stands."""
-    moe = tmp_path / "moe-qwen3"
-    moe.mkdir()
-    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
+    moe = corpus_model(tmp_path, "moe-qwen3")
     edit = "--enforce-disable-flashinfer-allreduce-fusion"
     facts = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=4)
     host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=4)
@@ -412,21 +417,29 @@ def test_an_op_the_compilation_passes_name_stands_in_so_later_checks_are_reached
     )
     assert got.status == "resolved", got
     assert "torch.ops._C.rotary_embedding" in got.stood_in
-    moe = tmp_path / "moe-qwen3"
-    moe.mkdir()
-    shutil.copy(CORPUS_MODELS / "moe-qwen3.json", moe / "config.json")
-    facts = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=8)
-    tp8 = ["serve", str(moe), "--tensor-parallel-size", "8"]
-    good = resolve_local(vllm_bin, "vllm", tp8, facts)
-    cand = resolve_local(vllm_bin, "vllm", [*tp8, "--enable-dbo"], facts)
+    moe = corpus_model(tmp_path, "moe-qwen3")
+    _refused_where_static_sees_it_act(
+        vllm_bin, moe, 8, "--enable-dbo", (9, 0), "Microbatching currently only supports"
+    )
+
+
+def _refused_where_static_sees_it_act(
+    python: Path, model: Path, tp: int, edit: str, cap: tuple[int, int], message: str
+) -> None:
+    """vLLM resolves the model at TP `tp` on as many declared GPUs and refuses it with the
+    switch `edit` added, saying `message`: the static analysis calls the edit ACTIVE, the
+    two resolutions make it FAILS."""
+    words = ["--tensor-parallel-size", str(tp)]
+    facts = ResolveFacts(compute_cap=cap, cuda="12.8", gpus=tp)
+    good = resolve_local(python, "vllm", ["serve", str(model), *words], facts)
+    cand = resolve_local(python, "vllm", ["serve", str(model), *words, edit], facts)
     assert good.status == "resolved", good
     assert cand.status == "raised" and cand.raised is not None, cand
-    assert "Microbatching currently only supports" in cand.raised.message
-    host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=8)
-    config = json.loads((moe / "config.json").read_text())
-    words = ["--tensor-parallel-size", "8", "--enable-dbo"]
-    (static,) = analyze_change("vllm", "0.32.0", [("--enable-dbo", None)], host, 8,
-                               command=words, model=config)  # fmt: skip
+    assert message in cand.raised.message
+    host = GateHost(platform="cuda", compute_cap=cap, gpu_count=tp)
+    config = json.loads((model / "config.json").read_text())
+    (static,) = analyze_change("vllm", "0.32.0", [(edit, None)], host, tp,
+                               command=[*words, edit], model=config)  # fmt: skip
     (finding,) = combine([static], good, cand)
     assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.FAILS)
 
@@ -439,19 +452,10 @@ def test_the_engines_refusal_of_eplb_without_expert_parallelism_fails_the_edit(
     static analysis cannot see it (a setting the check tests may be assigned elsewhere), the
     engine's own resolution can: FAILS AT STARTUP (the known-good that cannot resolve here
     is covered by test_combine_rules)."""
-    facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
-    tp4 = ["serve", str(hf_model), "--tensor-parallel-size", "4"]
-    good = resolve_local(vllm_bin, "vllm", tp4, facts)
-    cand = resolve_local(vllm_bin, "vllm", [*tp4, "--enable-eplb"], facts)
-    assert good.status == "resolved", good
-    assert cand.status == "raised" and cand.raised is not None, cand
-    assert "enable_expert_parallel must be True to use EPLB" in cand.raised.message
-    host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
-    (static,) = analyze_change(
-        "vllm", "0.32.0", [("--enable-eplb", None)], host, 4, command=["--enable-eplb"]
-    )
-    (finding,) = combine([static], good, cand)
-    assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.FAILS)
+    _refused_where_static_sees_it_act(
+        vllm_bin, hf_model, 4, "--enable-eplb", (10, 0),
+        "enable_expert_parallel must be True to use EPLB",
+    )  # fmt: skip
 
 
 def test_sleep_mode_on_a_declared_gpu_is_the_gpu_builds_answer_not_the_cpu_builds(
