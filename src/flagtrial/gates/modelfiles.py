@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import re
 import threading
-from pathlib import Path
 
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import ModelFacts
@@ -72,35 +71,21 @@ def _defining(
     return found
 
 
-_NAMED: dict[int, frozenset[str]] = {}
-
-
-def _named_by_path(index: SourceIndex, packages: tuple[str, ...]) -> frozenset[str]:
+def _named_by_path(index: SourceIndex, packages: tuple[str, ...]) -> set[str]:
     """Model modules that code outside the model packages names in a string (a class or
-    module path it imports when chosen): the longest indexed module each string starts with.
-    Called with _LOCK held (from `other_model`, through `_loaded`)."""
-    if id(index) in _NAMED:
-        return _NAMED[id(index)]
-    quoted = re.compile("[\"']((?:" + "|".join(re.escape(p) for p in packages) + r")\.[\w.]+)")
+    module path it imports when chosen, `FileInfo.named`): the longest indexed module each
+    such path starts with."""
     named: set[str] = set()
     for info in index.files:
         if _in_model_code(info.module, packages):
             continue
-        text = (Path(index.root) / info.path).read_text(encoding="utf-8", errors="replace")
-        for path in quoted.findall(text):
+        for path in info.named:
             parts = path.split(".")
-            module = next(
-                (
-                    ".".join(parts[:k])
-                    for k in range(len(parts), 0, -1)
-                    if ".".join(parts[:k]) in index.modules
-                ),
-                None,
-            )
-            if module:
+            prefixes = (".".join(parts[:k]) for k in range(len(parts), 0, -1))
+            module = next((m for m in prefixes if m in index.modules), None)
+            if module and _in_model_code(module, packages):
                 named.add(module)
-    _NAMED[id(index)] = frozenset(named)
-    return _NAMED[id(index)]
+    return named
 
 
 def _loaded(

@@ -59,6 +59,9 @@ class FileInfo:
     # gives a.b, `from a import b` a.b (a submodule or a name; a itself runs as its parent),
     # `from a import *` a
     loads: set[str] = field(default_factory=set)
+    # dotted paths under the file's own top package in string literals ("vllm.models.x.Cls"):
+    # what it may import by name when chosen (a registry of class paths)
+    named: set[str] = field(default_factory=set)
 
 
 def _dotted(node: ast.expr) -> str:
@@ -242,6 +245,8 @@ def scan_file(path: str, rel: str, fields: frozenset[str]) -> FileInfo | None:
     scanner = _Scanner(rel, rel.endswith("/__init__.py"))
     scanner.scan(tree)
     scanner.mentions(text, fields)
+    top = re.escape(rel.split("/", 1)[0])
+    scanner.info.named.update(re.findall(rf"[\"']({top}(?:\.\w+)+)", text))
     return scanner.info
 
 
