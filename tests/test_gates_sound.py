@@ -237,6 +237,21 @@ def test_value_the_platform_picks_anyway_is_a_noop() -> None:
     assert gate(SGLANG, "--attention-backend", "triton", SM90).outcome is Outcome.ACTIVE
 
 
+def test_a_local_the_platform_sets_to_the_edited_value_anyway_is_a_noop() -> None:
+    # fp8_utils.py:1211 copies the backend into a local; :1212 turns "auto" into cutlass on
+    # SM120, so with or without `--fp8-gemm-backend cutlass` the local is cutlass there.
+    fp8 = {**DENSE, "quantization_config": {"quant_method": "fp8"}}
+    flag = "--fp8-gemm-backend"
+    f = gate(SGLANG, flag, "cutlass", SM120, model=fp8)
+    expect(f, Outcome.NO_OP, "sglang/srt/layers/quantization/fp8_utils.py:1212")
+    # on SM90 "auto" stays auto: cutlass is a change there
+    assert gate(SGLANG, flag, "cutlass", SM90, model=fp8).outcome is not Outcome.NO_OP
+    # 0.5.10 (fp8_utils.py:464) picks triton on SM120, not cutlass
+    f = gate(SGLANG_SEED, flag, "triton", SM120, model=fp8)
+    expect(f, Outcome.NO_OP, "sglang/srt/layers/quantization/fp8_utils.py:464")
+    assert gate(SGLANG_SEED, flag, "cutlass", SM120, model=fp8).outcome is not Outcome.NO_OP
+
+
 def test_outcome_depends_on_the_model() -> None:
     # attention_registry.py:243: assert (major == 8 and not runner.use_mla_backend) or major == 9
     expect(

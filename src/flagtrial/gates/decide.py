@@ -27,6 +27,7 @@ from flagtrial.gates.callers import never_called_here
 from flagtrial.gates.leveldefaults import level_default
 from flagtrial.gates.model import Evidence, GateFinding, Outcome
 from flagtrial.gates.paths import Walker
+from flagtrial.gates.picked import picked_anyway
 from flagtrial.gates.reads import Effect, classify, consumer, declaration_read, shown, writes_field
 from flagtrial.gates.rewrites import overwritten, platform_choice, resets
 from flagtrial.gates.selector import selected_backend_failure
@@ -250,7 +251,11 @@ def _effects(a: Analysis, walker: Walker) -> list[Effect]:
             effect = classify(site, a.foreign(site.fi, site.stmt.lineno))
             inert = None
             if effect.status == "alive":
-                inert = ruled_out_inside(a, site) or never_called_here(a, site)
+                inert = (
+                    ruled_out_inside(a, site)
+                    or never_called_here(a, site)
+                    or picked_anyway(a, site)
+                )
             effects.append(Effect(site, "hw", inert) if inert is not None else effect)
             if len(effects) >= MAX_EFFECTS:
                 break

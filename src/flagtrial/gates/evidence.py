@@ -57,6 +57,9 @@ class Chain:
                     self.guard(guard)
             if site.ctx is not None and site.ctx.new.hw and site.context is not None:
                 self.value(site.fi, site.context, site.ctx.new)
+            elif effect.status == "hw" and effect.deciding is not None:
+                for trace in effect.deciding.traces:  # what rules it out beyond its guards
+                    self.trace(trace)
 
     def guard(self, guard: Guard) -> None:
         if isinstance(guard.node, ast.Constant):  # a dispatch selection, already shown
