@@ -252,6 +252,16 @@ def test_a_local_the_platform_sets_to_the_edited_value_anyway_is_a_noop() -> Non
     assert gate(SGLANG_SEED, flag, "cutlass", SM120, model=fp8).outcome is not Outcome.NO_OP
 
 
+def test_a_read_that_replaces_the_platforms_pick_by_the_same_value_is_a_noop() -> None:
+    # fa_utils.py:106 picks FA2 below SM90; :113-117 replace the pick by the configured
+    # version when there is one: 2 on SM80 is the pick itself, whether or not the config is
+    # current (either branch of :113 leaves 2). On SM90 the pick is FA3 (:100).
+    flag = "--attention-config.flash_attn_version"
+    f = gate(VLLM, flag, "2", cuda((8, 0)))
+    expect(f, Outcome.NO_OP, "vllm/v1/attention/backends/fa_utils.py:113")
+    assert gate(VLLM, flag, "2", SM90).outcome is Outcome.ACTIVE
+
+
 def test_outcome_depends_on_the_model() -> None:
     # attention_registry.py:243: assert (major == 8 and not runner.use_mla_backend) or major == 9
     expect(

@@ -116,7 +116,7 @@ def _inert(ev: Evaluator, body: list[ast.stmt], scope: Scope, facts: list[Val], 
             facts.append(test)
             if not _inert(ev, stmt.body if test.truth() else stmt.orelse, scope, facts, depth):
                 return False
-        elif _logs(stmt):
+        elif logs(stmt):
             continue
         elif not _builds_disabled(ev, stmt, scope, facts, depth):
             return False
@@ -245,7 +245,7 @@ def _guarded_entry(entry: ast.FunctionDef, flag: str) -> bool:
     )
 
 
-def _logs(stmt: ast.stmt) -> bool:
+def logs(stmt: ast.stmt) -> bool:
     call = stmt.value if isinstance(stmt, ast.Expr) else None
     func = call.func if isinstance(call, ast.Call) else None
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")

@@ -17,11 +17,12 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from flagtrial.gates.bodies import logs
 from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.model import GateFinding, Outcome
 from flagtrial.gates.paths import Walker
 from flagtrial.gates.reads import declaration_read, equal
-from flagtrial.gates.sites import LOG_CALLS, ReadSite
+from flagtrial.gates.sites import ReadSite
 from flagtrial.gates.values import UNKNOWN, ClassRef, FuncRef, Instance, Scope, Val
 from flagtrial.sourceread.modules import module_name
 
@@ -220,7 +221,7 @@ def _before_is_harmless(a: Analysis, applied: Applied, site: ReadSite) -> bool:
     table is applied: harmless when its `if` only logs, or when it sits in a method the
     applying function calls (`self.m()`) after the table."""
     stmt = site.stmt
-    if isinstance(stmt, ast.If) and stmt.test is site.node and all(_logs(s) for s in stmt.body):
+    if isinstance(stmt, ast.If) and stmt.test is site.node and all(logs(s) for s in stmt.body):
         return True
     if not a.new[a.dest].value and _truth_only(site):
         return True  # None and a false edit test the same
@@ -259,12 +260,3 @@ def _truth_only(site: ReadSite) -> bool:
             return False
         node = parent
     return True
-
-
-def _logs(stmt: ast.stmt) -> bool:
-    call = stmt.value if isinstance(stmt, ast.Expr) else None
-    func = call.func if isinstance(call, ast.Call) else None
-    return (
-        isinstance(func, ast.Attribute | ast.Name)
-        and (getattr(func, "attr", None) or getattr(func, "id", "")) in LOG_CALLS
-    )

@@ -1,112 +1,134 @@
-"""A read copied into a local that this host then sets to the edited value anyway:
+"""A read that only sets a local which this host gives the same value without the edit:
 
-    backend = get_exec().kernel.fp8_gemm_runner_backend
-    if backend == "auto" and get_platform().is_sm120:
-        backend = "cutlass"
+- the local is set from the read, then the platform's pick turns the default into the
+  edited value (SGLang 0.5.23 fp8_utils.py: `backend = ...fp8_gemm_runner_backend`, then
+  `if backend == "auto" and get_platform().is_sm120: backend = "cutlass"`; 0.5.10 picks
+  `triton` there);
+- the platform's pick comes first and the read only replaces it when given (vLLM
+  fa_utils.py: `fa_version = 2` on SM80, then `if config.flash_attn_version is not None:
+  fa_version = config.flash_attn_version`): `2` there is the pick itself.
 
-On SM120, `--fp8-gemm-backend cutlass` leaves `backend` as the default `auto` does, so the
-read changes nothing that runs (SGLang 0.5.23 fp8_utils.py; 0.5.10 picks `triton` there).
-Followed only over the `if` statements right after the read whose every branch only assigns
-that local, each test decided here with and without the edit, and only where a test reads
-a fact of the host.
+Followed only over one block: the statements before the read's (locals, imports, asserts,
+logging and `if`s decided here), the statement that sets the local from the read, and the
+`if`s right after it whose every branch only sets that local; every test decided here with
+and without the edit, and at least one that reads a fact of the host.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flagtrial.gates.bodies import BodyEvaluator
+from flagtrial.gates.bodies import BodyEvaluator, logs
+from flagtrial.gates.definitions import bind_import
 from flagtrial.gates.reads import equal
 from flagtrial.gates.sites import ReadSite
-from flagtrial.gates.values import Scope, Val, derived
+from flagtrial.gates.values import UNKNOWN, Scope, Val, assign, derived
 
 if TYPE_CHECKING:
     from flagtrial.gates.analysis import Analysis
     from flagtrial.gates.values import FieldBinding
 
 
+@dataclass(frozen=True)
+class Holding:
+    """The block around the read: `before` it, the statement that sets `local` from the
+    read (an assignment, or an `if` whose branches only set it), and the picks `after`."""
+
+    before: list[ast.stmt]
+    sets: ast.stmt
+    after: list[ast.If]
+    local: str
+
+
 def picked_anyway(a: Analysis, site: ReadSite) -> Val | None:
-    """A host-decided False when the local the read is copied into ends with the same value
-    with and without the edit; None when that is not shown."""
-    stmt = site.stmt
-    if (
-        site.scope_old is None
-        or not isinstance(stmt, ast.Assign)
-        or stmt.value is not site.node
-        or len(stmt.targets) != 1
-        or not isinstance(stmt.targets[0], ast.Name)
-    ):
+    """A host-decided False when the local the read sets ends with the same value with and
+    without the edit; None when that is not shown."""
+    held = _holding(a, site)
+    if held is None or site.scope_old is None:
         return None
-    local = stmt.targets[0].id
-    picks = _picks(_following(a, site), local)
-    if not picks:
-        return None
-    old = _through(a, a.old, picks, site, site.scope_old, local)
-    new = _through(a, a.new, picks, site, site.scope_new, local)
+    old = _through(a, a.old, held, site, site.scope_old)
+    new = _through(a, a.new, held, site, site.scope_new)
     if old is None or new is None or not (old.hw or new.hw):
         return None
     if not (old.known and new.known and equal(old.value, new.value)):
         return None
-    note = f"{local} is {new.value!r} here with or without the flag"
-    return derived(False, old, new, Val(False, True, (("gate", site.fi, picks[0].lineno, note),)))
+    last = held.after[-1] if held.after else held.sets
+    note = f"{held.local} is {new.value!r} here with or without the flag"
+    return derived(False, old, new, Val(False, True, (("gate", site.fi, last.lineno, note),)))
 
 
-def _following(a: Analysis, site: ReadSite) -> list[ast.stmt]:
-    """The statements after the read's, in the block of its function that holds it."""
+def _holding(a: Analysis, site: ReadSite) -> Holding | None:
     line = site.stmt.lineno
     funcs = [f for f in a.index.files[site.fi].funcs if f.start <= line <= f.end]
     fn = max(funcs, key=lambda f: f.start, default=None)
     if fn is None:
-        return []
-    for root in a.reader.unit(site.fi, fn.start, fn.end):
-        for node in ast.walk(root):
-            for name in ("body", "orelse", "finalbody"):
-                block = getattr(node, name, None)
-                if not isinstance(block, list):
-                    continue
-                at = [i for i, s in enumerate(block) if s.lineno == line]
-                if at and type(block[at[0]]) is type(site.stmt):
-                    return block[at[0] + 1 :]
-    return []
+        return None
+    blocks = [
+        block
+        for root in a.reader.unit(site.fi, fn.start, fn.end)
+        for node in ast.walk(root)
+        for block in (getattr(node, n, None) for n in ("body", "orelse", "finalbody"))
+        if isinstance(block, list)
+    ]
+    for block in blocks:
+        for i, stmt in enumerate(block):
+            if stmt.lineno != line or type(stmt) is not type(site.stmt):
+                continue
+            local = _sets_local(stmt)
+            if local is None:
+                return None
+            if isinstance(stmt, ast.Assign):  # inside `if <read> is not None: local = <read>`?
+                outer = _enclosing_if(blocks, block)
+                if outer is not None and _sets_local(outer[0][outer[1]]) == local:
+                    block, i = outer
+            return Holding(block[:i], block[i], _picks(block[i + 1 :], local), local)
+    return None
+
+
+def _enclosing_if(
+    blocks: list[list[ast.stmt]], inner: list[ast.stmt]
+) -> tuple[list[ast.stmt], int] | None:
+    for block in blocks:
+        for i, stmt in enumerate(block):
+            if isinstance(stmt, ast.If) and stmt.body is inner:
+                return block, i
+    return None
+
+
+def _sets_local(stmt: ast.stmt) -> str | None:
+    """The one local an assignment, or every branch of an `if` chain, sets; else None."""
+    if isinstance(stmt, ast.Assign):
+        names = [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+        return names[0] if len(names) == len(stmt.targets) == 1 else None
+    if not isinstance(stmt, ast.If):
+        return None
+    found: set[str | None] = set()
+    for body in (stmt.body, stmt.orelse):
+        if not body:
+            continue
+        if len(body) != 1 or not isinstance(body[0], ast.Assign | ast.If):
+            return None
+        if isinstance(body[0], ast.If) and body is stmt.body:
+            return None
+        found.add(_sets_local(body[0]))
+    return found.pop() if len(found) == 1 else None
 
 
 def _picks(stmts: list[ast.stmt], local: str) -> list[ast.If]:
-    """The `if` statements at the head of `stmts` whose every branch is `local = ...`."""
     out = []
     for stmt in stmts:
-        if not isinstance(stmt, ast.If) or not _assigns_only(stmt, local):
+        if not isinstance(stmt, ast.If) or _sets_local(stmt) != local:
             break
         out.append(stmt)
     return out
 
 
-def _assigns_only(stmt: ast.If, local: str) -> bool:
-    branches = [stmt.body] + ([stmt.orelse] if stmt.orelse else [])
-    for body in branches:
-        if len(body) == 1 and isinstance(body[0], ast.If) and body is stmt.orelse:
-            if not _assigns_only(body[0], local):  # an elif
-                return False
-            continue
-        if not (
-            len(body) == 1
-            and isinstance(body[0], ast.Assign)
-            and [ast.dump(t) for t in body[0].targets] == [ast.dump(ast.Name(local, ast.Store()))]
-        ):
-            return False
-    return True
-
-
 def _through(
-    a: Analysis,
-    bound: dict[str, FieldBinding],
-    picks: list[ast.If],
-    site: ReadSite,
-    scope: Scope,
-    local: str,
+    a: Analysis, bound: dict[str, FieldBinding], held: Holding, site: ReadSite, scope: Scope
 ) -> Val | None:
-    """The local's value after the picks, the read evaluated with `bound`; None when a test
-    is not decided here."""
+    """The local's value after the picks with `bound`; None when it is not decided here."""
     ev = BodyEvaluator(
         a.index, a.reader, a.host, bound, model=a.model, defaults={},
         resolution_defaults=a.defaults(bound),
@@ -114,26 +136,62 @@ def _through(
     ev.in_startup = site.runs_at_startup
     ev.tp = a.tp
     scope = scope.snapshot()
-    value = ev.expr(site.node, scope)
-    if not value.known:
+    facts: list[Val] = []
+    if isinstance(held.sets, ast.If):  # the local's value before it counts too
+        scope.locals.pop(held.local, None)
+        if not _run(a, ev, held.before, scope, facts):
+            return None
+    if not _run(a, ev, [held.sets, *held.after], scope, facts):
         return None
-    facts: list[Val] = [value]
-    scope.locals[local] = value
-    for stmt in picks:
-        branch: ast.If | None = stmt
-        while branch is not None:
-            test = ev.expr(branch.test, scope)
-            if test.truth() is None:
-                return None
+    final = scope.locals.get(held.local)
+    if not isinstance(final, Val) or not final.known:
+        return None
+    return derived(final.value, *facts)
+
+
+def _run(
+    a: Analysis, ev: BodyEvaluator, stmts: list[ast.stmt], scope: Scope, facts: list[Val]
+) -> bool:
+    """Follow `stmts` here: False when a branch is not decided and binds something."""
+    for stmt in stmts:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            bind_import(ev, scope, stmt)
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            value = ev.expr(stmt.value, scope)
+            facts.append(value)
+            assign(scope, stmt.targets, value)
+        elif isinstance(stmt, ast.If):
+            test = ev.expr(stmt.test, scope)
+            if test.truth() is None:  # either branch may run: they must bind the same
+                if not _either(a, ev, stmt, scope, facts):
+                    return False
+                continue
             facts.append(test)
-            taken = branch.body if test.truth() else branch.orelse
-            branch = None
-            if len(taken) == 1 and isinstance(taken[0], ast.If):
-                branch = taken[0]  # an elif
-            elif taken:
-                assign = taken[0]
-                assert isinstance(assign, ast.Assign)  # _assigns_only
-                scope.locals[local] = ev.expr(assign.value, scope)
-                facts.append(scope.locals[local])  # type: ignore[arg-type]
-    final = scope.locals[local]
-    return derived(final.value, *facts) if isinstance(final, Val) and final.known else None
+            if not _run(a, ev, stmt.body if test.truth() else stmt.orelse, scope, facts):
+                return False
+        elif isinstance(stmt, ast.Assert | ast.Pass) or logs(stmt):
+            continue
+        else:
+            for name in a.reader.stores(stmt):
+                scope.locals[name] = Val(UNKNOWN)
+    return True
+
+
+def _either(a: Analysis, ev: BodyEvaluator, stmt: ast.If, scope: Scope, facts: list[Val]) -> bool:
+    """An `if` not decided here: True (`scope` updated) when both branches bind every name
+    they bind to the same known value (`vllm_config is not None and ...`: without a config
+    the pick stays, with one the read replaces it by the same value)."""
+    ends = []
+    for body in (stmt.body, stmt.orelse):
+        branch = scope.snapshot()
+        if not _run(a, ev, body, branch, facts):
+            return False
+        ends.append(branch)
+    for name in a.reader.stores(stmt):
+        one, two = (end.locals.get(name) for end in ends)
+        if not (isinstance(one, Val) and isinstance(two, Val) and one.known and two.known):
+            return False
+        if not equal(one.value, two.value):
+            return False
+        scope.locals[name] = derived(one.value, one, two)
+    return True
