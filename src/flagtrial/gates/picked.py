@@ -83,8 +83,18 @@ def _holding(a: Analysis, site: ReadSite) -> Holding | None:
                 outer = _enclosing_if(blocks, block)
                 if outer is not None and _sets_local(outer[0][outer[1]]) == local:
                     block, i = outer
-            return Holding(block[:i], block[i], _picks(block[i + 1 :], local), local)
+            held = Holding(block[:i], block[i], _picks(block[i + 1 :], local), local)
+            # a call in a value may act on what it is given, whatever the local ends up as
+            # (not the read itself: `get_exec().kernel.f`)
+            values = [n.value for s in (held.sets, *held.after) for n in ast.walk(s)
+                      if isinstance(n, ast.Assign) and not _reads(n.value, site.field)]  # fmt: skip
+            calls = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Call)]
+            return None if calls else held
     return None
+
+
+def _reads(node: ast.expr, field: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == field
 
 
 def _enclosing_if(
