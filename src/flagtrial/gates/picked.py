@@ -10,8 +10,9 @@
 
 Followed only over one block: the statements before the read's (locals, imports, asserts,
 logging and `if`s decided here), the statement that sets the local from the read, and the
-`if`s right after it whose every branch only sets that local; every test decided here with
-and without the edit, and at least one that reads a fact of the host.
+`if`s right after it whose every branch only sets that local, no value a call; each test
+decided here with and without the edit, or both its branches leaving the local the same, and
+at least one fact of the host read on the way.
 """
 
 from __future__ import annotations
