@@ -62,7 +62,7 @@ deps: $(STAMP) $(LLAMA_SERVER) $(VLLM_PYTHON) $(SGLANG_PYTHON) $(SGLANG_OLDER_PY
 test:
 	$(MAKE) -j4 deps
 	$(MAKE) lint
-	$(VENV)/bin/pytest -q -rs --durations=20
+	$(VENV)/bin/pytest -q -rs --durations=20 -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) .flagtrial-demo

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,10 +15,60 @@ from flagtrial.cache import llama_server_path
 from flagtrial.demo import free_port
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.modelgen import generate_model
+from harness import machine
 from harness.servers import wait_healthy
 
 # The real vLLM and SGLang servers' fixtures (vllm_server, sglang_server, ...).
 pytest_plugins = ["harness.vllm_fixtures", "harness.sglang_fixtures"]
+
+
+# The machine lock of this worker (harness/machine.py), None outside xdist; the controller's
+# folder of its lock files.
+_MACHINE = pytest.StashKey["machine.MachineLock | None"]()
+_LOCK_FOLDER = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_MACHINE] = machine.for_worker(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, for each worker it starts: the run's one lock folder."""
+    config = node.config
+    if _LOCK_FOLDER not in config.stash:
+        config.stash[_LOCK_FOLDER] = machine.lock_folder()
+    node.workerinput[machine.FOLDER_KEY] = str(config.stash[_LOCK_FOLDER])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _LOCK_FOLDER in config.stash:
+        shutil.rmtree(config.stash[_LOCK_FOLDER], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that share the machine first, the largest first, so the two workers run them
+    side by side; the modules that need the machine alone after them (`make test` keeps this
+    order with --no-loadscope-reorder)."""
+    per_module = Counter(item.nodeid.split("::")[0] for item in items)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker(machine.MARK) is None,
+            -per_module[item.nodeid.split("::")[0]],
+        )
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    lock = item.config.stash[_MACHINE]
+    if lock is None:
+        return (yield)
+    lock.enter(item)
+    try:
+        return (yield)
+    finally:
+        lock.leave(item, nextitem)
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,14 @@ is not."""
 
 from __future__ import annotations
 
+import pytest
+
 from flagtrial.attribution.evidence import help_default, inert
 from flagtrial.launch.change import Edit
 from flagtrial.launch.schema import FlagSchema
+
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
 
 KNOWN_GOOD = ["-m", "model.gguf", "-c", "8192", "-np", "8", "--metrics"]
 

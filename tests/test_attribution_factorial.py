@@ -14,6 +14,9 @@ from flagtrial.attribution.factorial import Design, Factorial
 from flagtrial.attribution.search import Subset
 from flagtrial.settings import Policy
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 POLICY = Policy()
 
 

@@ -3,9 +3,14 @@ left to try."""
 
 from __future__ import annotations
 
+import pytest
+
 from flagtrial.attribution.outcome import Attribution, Cost, Found, judge
 from flagtrial.attribution.search import Culprits
 from flagtrial.launch.change import Edit
+
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
 
 EDITS = [
     Edit(op="add", name="--cont-batching"),

@@ -3,9 +3,14 @@ procedure over resolutions (the real engine's are driven in tests/test_gates_tri
 
 from __future__ import annotations
 
+import pytest
+
 from flagtrial.attribution.resolution import EachResolved, settle
 from flagtrial.engines.resolve import Raised, Resolution
 from flagtrial.facts import Scalar
+
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
 
 
 def resolved(**settings: Scalar) -> Resolution:

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from flagtrial.attribution.search import FactSearch, Subset
+
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
 
 
 def drive(

@@ -7,6 +7,9 @@ import pytest
 from flagtrial.engines import ENGINES, GATED, detect_engine
 from flagtrial.gates.preflight import tensor_parallel
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 @pytest.mark.parametrize(
     ("argv", "engine"),

@@ -25,6 +25,9 @@ from flagtrial.gates.values import Scope
 from flagtrial.gates.wheel import engine_source
 from flagtrial.targets.base import Gpu, HostFacts
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 SGLANG = ("sglang", "0.5.23")
 VLLM = ("vllm", "0.33.0")
 SGLANG_SEED = ("sglang", "0.5.10")  # the version of the seed story

@@ -17,6 +17,9 @@ import pytest
 
 from flagtrial.gates.wheel import engine_source
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 CORPUS = Path(__file__).resolve().parent.parent / "benchmarks" / "gates" / "corpus"
 VERSIONS = {"sglang": {"0.5.23", "0.5.10"}, "vllm": {"0.33.0", "0.32.0"}}
 OUTCOMES = ("ACTIVE", "NO-OP", "FAILS")

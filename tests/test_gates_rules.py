@@ -6,10 +6,15 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+import pytest
+
 from flagtrial.gates.analyze import _reader, analyze_change, render_text, source_index
 from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.model import GateFinding, GateHost, Outcome
 from flagtrial.gates.values import UNKNOWN, Scope
+
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
 
 VLLM = ("vllm", "0.33.0")
 DENSE: dict[str, Any] = {

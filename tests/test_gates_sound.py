@@ -23,6 +23,9 @@ from flagtrial.gates.platforms import foreign_module
 from flagtrial.gates.values import UNKNOWN, Scope
 from harness.cli import cli
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 SGLANG = ("sglang", "0.5.23")
 SGLANG_SEED = ("sglang", "0.5.10")
 VLLM = ("vllm", "0.33.0")

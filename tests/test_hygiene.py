@@ -25,6 +25,9 @@ from flagtrial.hygiene import (
 from flagtrial.targets.hostfacts import parse_nvidia_smi
 from flagtrial.targets.process import ProcessTarget
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 

@@ -14,6 +14,9 @@ from flagtrial.reasons import MESSAGES, Code, Reason
 from flagtrial.settings import Policy
 from harness.runsummaries import summary
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def facts(slots: float) -> Facts:
     return Facts(

@@ -15,6 +15,9 @@ from flagtrial.launch.execwords import expand_env, expand_words
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.launch.spec import parse_command, parse_unit
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 UNIT = """\
 [Unit]
 Description=llama-server

@@ -30,6 +30,9 @@ from flagtrial.launch.execwords import (
 )
 from flagtrial.launch.spec import parse_unit
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 HOSTILE = [
     "$(touch /tmp/pwned)",
     "; reboot",

@@ -11,6 +11,9 @@ import pytest
 from flagtrial.errors import SpecError, UnknownFlagError
 from flagtrial.launch.schema import FlagSchema, parse_argv
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 @pytest.fixture(scope="module")
 def llama_help(llama_server_bin: Path) -> str:

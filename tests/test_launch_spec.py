@@ -11,6 +11,9 @@ from flagtrial.errors import SpecError
 from flagtrial.launch.execwords import literal_word
 from flagtrial.launch.spec import LaunchSpec, parse, parse_command, parse_unit, spec_sha256
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 SGLANG_UNIT = """\
 # Managed by hand: SGLang serving Llama 3 70B on four GPUs.
 [Unit]

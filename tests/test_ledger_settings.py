@@ -13,6 +13,9 @@ from flagtrial.reasons import Code, Reason
 from flagtrial.settings import load_project
 from flagtrial.states import FINAL, TRANSITIONS, TransitionError, TrialState
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def test_generations_are_content_addressed(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "l.db")

@@ -15,6 +15,9 @@ import pytest
 
 from flagtrial.modelgen import generate_model, main
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 StartServer = Callable[..., str]
 
 SERVER_ARGS = ("-t", "1", "-c", "2048", "-np", "2")

@@ -15,6 +15,9 @@ from flagtrial.noise import Noise, bound_pairs, resolvable
 from flagtrial.reasons import Code
 from flagtrial.settings import Policy
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 POLICY = Policy(max_seconds=200, max_runs=40)
 
 

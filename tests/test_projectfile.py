@@ -12,6 +12,9 @@ from flagtrial.projectfile import template
 from flagtrial.settings import Project, Ssh, parse_project
 from harness.cli import cli
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, object]]:
     """(dotted key, field info) of every key a project file can hold."""

@@ -17,6 +17,9 @@ from flagtrial.reasons import Code, Reason
 from flagtrial.redact import MARK, Redactor, is_secret_name
 from flagtrial.states import TrialState
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 UNIT = """[Unit]
 Description=llama-server
 # old: HF_TOKEN=hf_commented_out_value

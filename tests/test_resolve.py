@@ -38,7 +38,8 @@ from harness.sglang_fixtures import SGLANG_ENV, sglang_bin, sglang_model, sglang
 from harness.standin import write_project
 from harness.vllm_fixtures import hf_model, vllm_bin  # noqa: F401
 
-pytestmark = pytest.mark.slow
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 # The gates corpus' model configs (config.json only: what resolution reads of a model).
 CORPUS_MODELS = Path(__file__).resolve().parent.parent / "benchmarks/gates/corpus/models"

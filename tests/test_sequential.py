@@ -18,6 +18,9 @@ from flagtrial.sequential import Continue, Sequential, Stop
 from flagtrial.settings import Policy
 from harness.runsummaries import summary
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 FACTS = Facts(engine="llamacpp", capacity={"concurrent_requests": 8}, settings={"n_slots": 8})
 NO_DIFF = diff_facts(FACTS, FACTS, set())
 INTERLEAVED = Interleaved(1, "test")

@@ -29,6 +29,9 @@ from flagtrial import sourceread
 from flagtrial.gates.wheel import engine_source
 from flagtrial.sourceread import extract
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location(
     "reader_compare", ROOT / "benchmarks/reader/compare.py"

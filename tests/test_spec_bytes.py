@@ -251,7 +251,7 @@ def test_a_restore_that_changes_bytes_is_not_verified(make_project) -> None:  # 
 
 # ---------------------------------------------------------------------------- over SSH
 
-N = 17  # this module's container: ft-17 at 10.200.17.2
+N = 18  # this module's container: ft-18 at 10.200.18.2
 UNIT_PATH = "/etc/systemd/system/llama.service"
 
 

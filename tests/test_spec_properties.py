@@ -26,6 +26,9 @@ from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_co
 from flagtrial.targets.process import ProcessTarget
 from test_launch_execwords import systemd_parse
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 EOL = st.sampled_from(["\n", "\r\n", "\r"])
 # one byte that is not UTF-8 (a Latin-1 letter, a stray continuation byte), as read
 RAW_BYTE = st.integers(0x80, 0xFF).map(lambda b: chr(0xDC00 + b))

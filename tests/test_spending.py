@@ -9,6 +9,9 @@ import pytest
 
 from flagtrial import spending, stats
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def test_looks_grow_geometrically_to_the_horizon() -> None:
     looks = spending.plan(39, 0.05)

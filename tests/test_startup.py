@@ -14,6 +14,9 @@ from flagtrial.ledger import Ledger
 from flagtrial.settings import load_project
 from flagtrial.states import TrialState as S
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 # Each is imported by the commands that use it (trial, facts, report, gates, ssh targets).
 HEAVY = (
     "scipy",

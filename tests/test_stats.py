@@ -11,6 +11,9 @@ from scipy import stats as sps
 
 from flagtrial import stats
 
+# Measures nothing: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def _ever_misses(diffs: np.ndarray, half: np.ndarray) -> float:
     """Share of sequences (rows) whose running interval excludes the true mean 0 at any n."""

@@ -3,8 +3,37 @@ flag schemas, gate indexes, the test container root. One place, keyed by FLAGTRI
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock across processes and threads (each call opens its own descriptor)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def store(path: Path, data: str | bytes) -> None:
+    """Write a cache entry whole: a temporary file of this writer's own beside it, then a
+    rename, so two flagtrials filling the same entry at once never meet in one file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
 
 LLAMA_SERVER_VERSION = "0.3.36"  # the llama-cpp-python sdist scripts/build-llama-server.sh builds
 

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flagtrial.cache import file_lock
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -97,12 +99,18 @@ def _write(out: Path, seed: int) -> None:
 
 def generate_hf_model(out: Path, seed: int = 1) -> Path:
     """The model folder at `out`, generated unless a complete one of this version is there.
-    Written in a sibling temporary folder and renamed: never a half model at `out`."""
+    Written in a sibling temporary folder and renamed: never a half model at `out`. Under a
+    lock, so a second generator never replaces the folder a server is reading."""
     stamp = out / STAMP
-    if stamp.is_file() and stamp.read_text() == f"{GENERATOR_VERSION} {seed}":
-        return out
+    with file_lock(out.parent / f".{out.name}.lock"):
+        if stamp.is_file() and stamp.read_text() == f"{GENERATOR_VERSION} {seed}":
+            return out
+        _generate(out, seed)
+    return out
+
+
+def _generate(out: Path, seed: int) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write(work, seed)
@@ -115,7 +123,6 @@ def generate_hf_model(out: Path, seed: int = 1) -> Path:
         work.rename(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return out
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from flagtrial import sourceread
+from flagtrial.cache import store
 from flagtrial.engines import parser_dump
 from flagtrial.engines.flag_table import EngineSchema
 from flagtrial.engines.schema_cache import cache_dir
@@ -108,11 +109,7 @@ def cached_table(engine: str, version: str, build: str | None = None) -> dict[st
 
 
 def store_table(engine: str, version: str, build: str, table: dict[str, Any]) -> None:
-    path = _cached(engine, version, build)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table))
-    tmp.replace(path)
+    store(_cached(engine, version, build), json.dumps(table))
 
 
 def removed_flags(engine: str, version: str, table: dict[str, Any]) -> dict[str, str]:

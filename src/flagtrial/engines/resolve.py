@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from flagtrial.cache import cache_root
+from flagtrial.cache import cache_root, store
 from flagtrial.engines import pyrepr, resolve_dump
 from flagtrial.engines import sglang as sglang_engine
 from flagtrial.engines.pyengine import _marked, host_python
@@ -295,10 +295,7 @@ def resolve_local(
     )
     got = parse(engine, argv, facts, done.returncode, done.stdout + done.stderr)
     if cached and got.status != "unresolved":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(_relocated(got.model_dump_json(), argv, stored=True))
-        tmp.replace(path)
+        store(path, _relocated(got.model_dump_json(), argv, stored=True))
     return got
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from flagtrial.cache import cache_root
+from flagtrial.cache import cache_root, store
 from flagtrial.errors import TargetError
 from flagtrial.launch.schema import FlagSchema
 from flagtrial.targets.base import Target
@@ -28,8 +28,5 @@ async def help_schema(target: Target, engine: str, program: list[str]) -> FlagSc
     if rc != 0:
         raise TargetError(f"`{' '.join(program)} --help` failed on {target.name} (exit {rc})")
     schema = FlagSchema.parse_help(text, program=program[-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    store(path, text)
     return schema

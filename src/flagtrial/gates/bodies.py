@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.definitions import bind_import, global_name
 from flagtrial.gates.sites import LOG_CALLS, ReadSite
-from flagtrial.gates.values import ClassRef, Instance, Scope, Val, assign, derived
+from flagtrial.gates.values import (
+    ClassRef,
+    FieldBinding,
+    Instance,
+    Scope,
+    Val,
+    assign,
+    derived,
+)
 from flagtrial.sourceread.modules import module_name
 
 if TYPE_CHECKING:
@@ -74,23 +82,33 @@ def field_class(ev: Evaluator, attr: str) -> ClassRef | None:
     return cls if isinstance(cls, ClassRef) else None
 
 
+def body_evaluator(
+    a: Analysis, bound: dict[str, FieldBinding], *, in_startup: bool = False
+) -> BodyEvaluator:
+    """An evaluator of code on this host with `bound` settings: the environment unset, the
+    platform's packages installed, unbound settings at the defaults argument resolution
+    leaves them (read in startup code only when `in_startup`)."""
+    ev = BodyEvaluator(
+        a.index,
+        a.reader,
+        a.host,
+        bound,
+        model=a.model,
+        defaults={},
+        resolution_defaults=a.defaults(bound),
+    )
+    ev.in_startup = in_startup
+    ev.tp = a.tp
+    return ev
+
+
 def ruled_out_inside(a: Analysis, site: ReadSite) -> Val | None:
     """A host-decided Val (False) when the `if` the read is the test of does nothing that
     acts on this host; None when that is not shown."""
     stmt = site.stmt
     if not isinstance(stmt, ast.If) or stmt.orelse or stmt.test is not site.node:
         return None
-    ev = BodyEvaluator(
-        a.index,
-        a.reader,
-        a.host,
-        a.new,
-        model=a.model,
-        defaults={},
-        resolution_defaults=a.defaults(a.new),
-    )
-    ev.in_startup = site.runs_at_startup
-    ev.tp = a.tp
+    ev = body_evaluator(a, a.new, in_startup=site.runs_at_startup)
     scope = site.scope_new.snapshot()
     facts: list[Val] = []
     if not _inert(ev, stmt.body, scope, facts, 0):

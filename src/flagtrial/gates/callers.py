@@ -14,7 +14,7 @@ import ast
 import re
 from typing import TYPE_CHECKING
 
-from flagtrial.gates.bodies import BodyEvaluator
+from flagtrial.gates.bodies import BodyEvaluator, body_evaluator
 from flagtrial.gates.modelfiles import imported_elsewhere
 from flagtrial.gates.scan import FuncInfo
 from flagtrial.gates.sites import ReadSite
@@ -30,11 +30,7 @@ def never_called_here(a: Analysis, site: ReadSite) -> Val | None:
     fn = _holder(a, site)
     if fn is None or fn.decorators or imported_elsewhere(a.index, site.fi, fn.name):
         return None
-    ev = BodyEvaluator(
-        a.index, a.reader, a.host, a.new, model=a.model, defaults={},
-        resolution_defaults=a.defaults(a.new),
-    )  # fmt: skip
-    ev.tp = a.tp
+    ev = body_evaluator(a, a.new)
     word = re.compile(rf"\b{re.escape(fn.name)}\b")
     facts: list[Val] = []
     calls = 0

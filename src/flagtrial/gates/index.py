@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flagtrial import sourceread
-from flagtrial.cache import cache_root
+from flagtrial.cache import cache_root, file_lock, store
 from flagtrial.gates import scan
 from flagtrial.gates.scan import FileInfo, FuncInfo, scan_file, scan_parallel, source_files
-from flagtrial.gates.wheel import file_lock
 from flagtrial.sourceread import LAYOUTS, read_flag_table
 from flagtrial.sourceread.fields import EngineLayout, FlagTable
 
@@ -207,10 +206,7 @@ def load_index(root: Path, engine: str, version: str, *, fingerprint: bool = Fal
                 index = None  # a cache from another flagtrial version: rebuild it
         if index is None:
             index = build_index(root, engine, version)
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as fh:
-                pickle.dump(index, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            tmp.replace(path)
+            store(path, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
             for stale in path.parent.glob(f"{engine}-{version}-{name}-*.pickle"):
                 if stale != path:
                     stale.unlink(missing_ok=True)  # built by an older flagtrial

@@ -21,7 +21,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flagtrial.gates.bodies import BodyEvaluator, logs
+from flagtrial.gates.bodies import BodyEvaluator, body_evaluator, logs
 from flagtrial.gates.definitions import bind_import
 from flagtrial.gates.reads import equal
 from flagtrial.gates.sites import ReadSite
@@ -140,12 +140,7 @@ def _through(
     a: Analysis, bound: dict[str, FieldBinding], held: Holding, site: ReadSite, scope: Scope
 ) -> Val | None:
     """The local's value after the picks with `bound`; None when it is not decided here."""
-    ev = BodyEvaluator(
-        a.index, a.reader, a.host, bound, model=a.model, defaults={},
-        resolution_defaults=a.defaults(bound),
-    )  # fmt: skip
-    ev.in_startup = site.runs_at_startup
-    ev.tp = a.tp
+    ev = body_evaluator(a, bound, in_startup=site.runs_at_startup)
     scope = scope.snapshot()
     facts: list[Val] = []
     if isinstance(held.sets, ast.If):  # the local's value before it counts too

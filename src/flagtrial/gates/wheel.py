@@ -6,30 +6,15 @@ Only the `.py` files and the dist-info are extracted (the analysis reads nothing
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from flagtrial.cache import cache_root
+from flagtrial.cache import cache_root, file_lock
 from flagtrial.errors import TargetError
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes and threads (each call opens its own descriptor)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _download(engine: str, version: str, dest: Path) -> Path:
