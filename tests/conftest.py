@@ -50,11 +50,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules that share the machine first, the largest first, so the two workers run them
     side by side; the modules that need the machine alone after them (`make test` keeps this
     order with --no-loadscope-reorder)."""
-    per_module = Counter(item.nodeid.split("::")[0] for item in items)
+    per_module = Counter(machine.module_of(item) for item in items)
     items.sort(
         key=lambda item: (
             item.get_closest_marker(machine.MARK) is None,
-            -per_module[item.nodeid.split("::")[0]],
+            -per_module[machine.module_of(item)],
         )
     )
 

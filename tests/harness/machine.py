@@ -25,6 +25,11 @@ import pytest
 MARK = "shares_machine"
 
 
+def module_of(item: pytest.Item) -> str:
+    """The test file an item belongs to: the unit a worker runs whole (--dist loadfile)."""
+    return item.nodeid.split("::")[0]
+
+
 class MachineLock:
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -34,7 +39,7 @@ class MachineLock:
 
     def enter(self, item: pytest.Item) -> None:
         """Hold the machine for the item's module, unless this worker already does."""
-        module = item.nodeid.split("::")[0]
+        module = module_of(item)
         if module == self._module:
             return
         shared = item.get_closest_marker(MARK) is not None
@@ -47,8 +52,8 @@ class MachineLock:
 
     def leave(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         """Let the machine go after the module's last item (its tear-down included)."""
-        module = item.nodeid.split("::")[0]
-        if nextitem is not None and nextitem.nodeid.split("::")[0] == module:
+        module = module_of(item)
+        if nextitem is not None and module_of(nextitem) == module:
             return
         fcntl.flock(self._machine, fcntl.LOCK_UN)
         self._module = None
