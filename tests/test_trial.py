@@ -17,11 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from flagtrial.blocks import Blocks
 from flagtrial.demo import free_port, write_unit
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
 from flagtrial.noise import Noise, bound_pairs
+from flagtrial.plan import plan
 from flagtrial.reasons import Code
+from flagtrial.sequential import Sequential, Stop
 from flagtrial.session import Session
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial, TrialOutcome
@@ -167,6 +170,31 @@ def test_before_after_keep_rechecks_the_known_good_then_installs_the_candidate(
     assert events[recheck + 1 :].count(("restarting", "candidate, to keep it")) == 1
     assert outcome.verdict.first({Code.DRIFT}) is not None
     assert outcome.facts_after is not None and outcome.facts_after.ready_s is not None
+
+
+def test_the_first_runs_time_is_its_own(project: Project) -> None:
+    """The first block's time picks the design (a run against a restart): what the trial
+    awaited before it (the gates, on vLLM the engine's own resolution for tens of seconds)
+    is not counted in it."""
+    session = project.session()
+
+    async def first_block() -> tuple[float, float]:
+        p = await plan(session, Change(edits=[Edit(op="add", name="--alias", value="b")]))
+        await p.gate_task
+        blocks = Blocks(session, p.journal)
+        seq = Sequential(session.project.policy, session.project.workload.concurrency)
+        await asyncio.sleep(1.0)  # awaited before the first run, as the trial awaits its gates
+        step = seq.decision()
+        assert not isinstance(step, Stop)
+        started = time.monotonic()
+        await blocks.measure(seq, step)
+        return seq.clock_s, time.monotonic() - started
+
+    try:
+        counted, took = asyncio.run(first_block())
+    finally:
+        session.ledger.close()
+    assert 0 < counted <= took
 
 
 def test_aa_trial_finds_no_effect(project: Project) -> None:

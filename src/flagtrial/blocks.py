@@ -37,10 +37,17 @@ class Blocks:
         self.s = s
         self.journal = journal
         self.runs_done: dict[Arm, int] = {"baseline": 0, "candidate": 0}
-        self.clock = time.monotonic()  # when the last run ended (observe's elapsed_s)
+        # when the last run ended (observe's elapsed_s); None until the first block starts
+        self.clock: float | None = None
 
     async def measure(self, seq: Sequential, step: Continue) -> None:
         s = self.s
+        if self.clock is None:
+            # The first run's time starts with its own warm-up. What came before (the gates'
+            # wait on the engine's own resolution: tens of seconds for vLLM) is no run's cost:
+            # counted, it made runs look as long as a restart and picked interleaved blocks,
+            # a restart every few runs, where before-after needs two.
+            self.clock = time.monotonic()
         project = s.project
         arm = step.arm
         index = self.runs_done[arm]
