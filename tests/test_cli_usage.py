@@ -28,6 +28,10 @@ from harness.project import write_project_file
 from harness.runsummaries import summary
 from harness.session import session_for
 
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`flagtrial ARGS`, no --project added."""

@@ -22,7 +22,9 @@ from harness.faultfigures import record
 from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 from harness.session import session_for
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 N = 14
 UNIT_PATH = "/etc/systemd/system/llama.service"

@@ -17,6 +17,10 @@ from flagtrial.states import TrialState
 from harness.cli import cli
 from harness.project import write_project_file
 
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 INI = """\
 [gpus]
 a ansible_host=10.0.0.1

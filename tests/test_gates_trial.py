@@ -28,7 +28,9 @@ from harness.sglang_fixtures import sglang_bin, sglang_model  # noqa: F401
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 ARGS = ["--model-path", "/models/Qwen3.5-122B-A10B", "--tp-size", "4",
         "--max-running-requests", "48", "--host", "127.0.0.1"]  # fmt: skip

@@ -32,6 +32,10 @@ from harness.cli import cli, command
 from harness.project import write_project_file
 from harness.session import session_for
 
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 # What the real llama-server logs at `-lv 4` (tests/fixtures/logs/llamacpp-start-verbose.log):
 # the model's metadata, the memory fit, the tensors, the KV cache, the warm-up, the listener.

@@ -22,7 +22,9 @@ from harness.cli import said, start, wait_stopped
 from harness.project import update_project_file
 from test_faults import REVERT_CHANGE, Project
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 # A holder of the lock that ignores SIGTERM: only SIGKILL stops it.
 STUBBORN_HOLDER = """
@@ -153,7 +155,7 @@ def test_only_a_gone_holder_leaves_an_unfinished_trial(project: Project) -> None
     """Killed mid-trial: `history` and `facts` say it is unfinished and restart nothing;
     `unlock --force` of a holder that ignores SIGTERM kills it and recovers the trial."""
     # the grace a holder gets for its own rollback follows the readiness timeout
-    update_project_file(project.file, ready_timeout_s=8)
+    update_project_file(project.file, ready_timeout_s=15)
     known_good = project.unit.read_text()
     capacity = project.facts()
     killed = project.cli("trial", *REVERT_CHANGE, faults="candidate-run-1=KILL")
@@ -180,7 +182,7 @@ def test_only_a_gone_holder_leaves_an_unfinished_trial(project: Project) -> None
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         forced = project.cli("unlock", "--force")
         assert forced.returncode == 0, forced.stdout + forced.stderr
-        assert "killed (still running 18s after SIGTERM) stubborn holder" in said(forced)
+        assert "killed (still running 25s after SIGTERM) stubborn holder" in said(forced)
         assert "trial 1 ended recovered" in said(forced)
         assert holder.wait(timeout=10) == -signal.SIGKILL
     finally:

@@ -17,7 +17,9 @@ from flagtrial.settings import load_project
 from harness.cli import capacity, cli, said, start, wait_stopped
 from harness.hosts import TEST_KEY, SystemdHost, host_fixture, llama_unit, ssh_project
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 N = 16
 UNIT_PATH = "/etc/systemd/system/llama.service"

@@ -20,7 +20,9 @@ from harness.cli import cli as run_cli
 from harness.project import write_project_file
 from test_trial import Project
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 # In the unit: a plain, a quoted-with-space and a project-listed value on a continuation line.
 IN_UNIT = ("hf_unit_value_1", "sk-unit two words", "listed-by-project-3")

@@ -11,7 +11,9 @@ import pytest
 from harness.cli import cli
 from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 N = 17  # this module's container: ft-17 at 10.200.17.2
 UNIT_PATH = "/etc/systemd/system/llama.service"

@@ -27,6 +27,10 @@ from harness.hosts import LLAMA_PORT, SystemdHost, host_fixture, llama_unit, ssh
 from harness.project import write_project_file
 from harness.session import recorder, session_for
 
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 LATIN1_COMMENT = b"# r\xe9glage du serveur (Latin-1)\n"
 
 

@@ -34,7 +34,9 @@ from harness.hosts import (
     systemd_host,
 )
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 N = 11  # this module's container: ft-11 at 10.200.11.2
 
@@ -343,7 +345,8 @@ def test_unreachable_host_fails_fast_with_one_line(host: SystemdHost) -> None:
             start = time.monotonic()
             with pytest.raises(TargetError) as info:
                 await t.state()
-            assert time.monotonic() - start < timeout + 2.0
+            # fast: within its timeout, with room for a busy machine's scheduling
+            assert time.monotonic() - start < timeout + 5.0
             assert "\n" not in str(info.value) and str(info.value)
 
     run(body)

@@ -18,7 +18,9 @@ from harness.hosts import SystemdHost, host_fixture, llama_unit, ssh_project
 from harness.project import update_project_file
 from harness.session import locked_trial, session_for
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 N = 12  # this module's container: ft-12 at 10.200.12.2
 UNIT_PATH = "/etc/systemd/system/llama.service"

@@ -35,6 +35,10 @@ from harness.wheels import SGLANG
 from test_engine_sglang import seed_project  # noqa: F401 - an SGLang stand-in project
 from test_trial import Project, project  # noqa: F401 - the real llama-server project fixture
 
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = pytest.mark.shares_machine
+
 UNIT = """\
 [Service]
 ExecStart=/usr/local/bin/llama-server -m /srv/m.gguf --host 127.0.0.1 --port 8080 -np 4 -c 8192

@@ -26,7 +26,9 @@ from harness.session import session_for
 from harness.standin import write_project
 from harness.vllm_fixtures import FLOOD_LOGS, MODULE, READY_TIMEOUT_S, flood, vllm_args
 
-pytestmark = pytest.mark.slow
+# What it asserts rests on the server's facts, crashes, bounds and files, never on a
+# measured difference: may run beside another module (harness/machine.py).
+pytestmark = [pytest.mark.slow, pytest.mark.shares_machine]
 
 # No VLLM_CPU_KVCACHE_SPACE: --kv-cache-memory-bytes sizes the cache (with it set, the
 # variable wins: see test_rewritten_settings_are_shown_with_their_cause).
