@@ -6,6 +6,8 @@ engine's own resolution, run by the trial, held against what the candidate repor
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,9 @@ from harness.session import recorder, session_for
 from harness.sglang_fixtures import sglang_bin, sglang_model  # noqa: F401
 from harness.standin import write_project
 from harness.wheels import SGLANG, SGLANG_OLD, engine_site
+
+# The gates corpus' model configs (config.json only: what the resolution reads of a model).
+CORPUS_MODELS = Path(__file__).resolve().parent.parent / "benchmarks/gates/corpus/models"
 
 # What it asserts rests on the server's facts, crashes, bounds and files, never on a
 # measured difference: may run beside another module (harness/machine.py).
@@ -172,6 +177,42 @@ def test_the_candidate_is_held_against_the_engines_own_resolution(
     assert not any(m.startswith("max_running_requests:") for m in checked["mismatches"])
     assert row.record["resolution"]["candidate"].startswith("resolved")
     assert all(": predicted " in m and ", the server reports " in m for m in checked["mismatches"])
+
+
+def test_the_models_config_on_the_host_decides_what_the_analysis_follows(
+    tmp_path: Path,
+    sglang_bin: Path,  # noqa: F811
+) -> None:
+    """The model's config.json, read on the host by the engine's own resolution, goes to the
+    source analysis: `--attention-backend fa3` on SM80 fails at startup for an MLA model
+    (sglang 0.5.23 layers/attention/attention_registry.py: FA3 on SM8x for non-MLA models
+    only), so the trial stops before any restart; the same flag for a dense Llama in the
+    same folder acts. Without the model both would read as acting."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(CORPUS_MODELS / "mla-deepseek.json", model / "config.json")
+    project = real_resolution_project(tmp_path, sglang_bin, model, "8.0")
+    fa3 = Change(edits=[Edit(op="add", name="--attention-backend", value="fa3")])
+    with pytest.raises(GateError) as refused:
+        trial(project, change=fa3)
+    assert str(refused.value).startswith(
+        "--attention-backend fails at startup on this GPU per sglang 0.5.23's source: "
+    ), refused.value
+    assert "sglang/srt/layers/attention/attention_registry.py:" in str(refused.value)
+    ledger = Ledger(project.parent / ".flagtrial" / "ledger.db")
+    row = ledger.trials()[0]
+    assert "restarting" not in [e.state for e in ledger.events(row.id)]
+    assert row.record["resolution"]["model"] == f"DeepseekV3ForCausalLM ({model}/config.json)"
+
+    # the known-good that trial read gives preflight the version; now a dense model there
+    shutil.copy(CORPUS_MODELS / "dense-llama.json", model / "config.json")
+    done = cli(project, "preflight", "--add=--attention-backend=fa3", "--json", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout)
+    assert [g["outcome"] for g in out["gates"]] == ["ACTIVE"]
+    read = out["resolution"]["candidate"]["model"]
+    assert read["source"] == str(model / "config.json")
+    assert read["config"]["architectures"] == ["LlamaForCausalLM"]
 
 
 def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(

@@ -275,6 +275,7 @@ def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cach
     again = resolve(second)
     assert starts.read_text().splitlines() == ["start"]  # the engine ran once
     assert again.settings["model_path"] == str(second)
+    assert again.model is not None and again.model.source == str(second / "config.json")
     assert again.settings == {
         k: str(second) if v == str(first) else v for k, v in fresh.settings.items()
     }
@@ -284,6 +285,35 @@ def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cach
     (second / "config.json").write_text(config.replace(layers, '"num_hidden_layers": 3'))
     assert resolve(second).status == "resolved"
     assert len(starts.read_text().splitlines()) == 2
+
+
+def test_a_hub_name_is_read_from_the_hosts_hugging_face_cache_never_downloaded(
+    sglang_bin: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A command naming a Hub model: its config.json where the host's Hugging Face cache keeps
+    it (HF_HOME from the unit's environment); a name not cached there is no model read, and
+    preflight says so, rather than the engine fetching it."""
+    snapshot = tmp_path / "hf" / "hub" / "models--acme--mla" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    shutil.copy(CORPUS_MODELS / "mla-deepseek.json", snapshot / "config.json")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    env = {"HF_HOME": str(tmp_path / "hf")}
+
+    def resolve(name: str) -> Resolution:
+        return resolve_local(sglang_bin, "sglang", ["--model-path", name], SM90, env=env)
+
+    cached = resolve("acme/mla")
+    assert cached.model is not None, cached
+    assert cached.model.source == str(snapshot / "config.json")
+    assert cached.model.architectures == ["DeepseekV3ForCausalLM"]
+    absent = resolve("acme/absent")
+    assert absent.model is None
+    shown = Prediction(known_good=absent, candidate=absent, diff=None).lines()
+    assert "  model: no config.json found on the host for the model the command names" in [
+        line.split(" (")[0] for line in shown
+    ]
 
 
 # The platform queries resolve_dump answers from declared facts, and nothing else.
@@ -395,6 +425,11 @@ def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
     assert on_cpu.raised is not None
     assert "max_num_seqs" in on_cpu.raised.message
     assert on_cpu.raised.file is not None and on_cpu.raised.file.startswith("vllm/")
+    # the model the command names, read as the server reads it, also where the engine refuses
+    for resolved in (on_cuda, on_cpu):
+        assert resolved.model is not None
+        assert resolved.model.source == str(hf_model / "config.json")
+        assert resolved.model.config == json.loads((hf_model / "config.json").read_text())
     # the CUDA platform's own choices (the CPU build's block size is 128)
     assert on_cuda.settings["cache_config.block_size"] == 16
     assert on_cuda.settings["device_config"] == "cuda"

@@ -140,6 +140,7 @@ class Arms:
                 "facts": prediction.candidate.facts,
                 "known_good": prediction.known_good.describe(),
                 "candidate": prediction.candidate.describe(),
+                "model": prediction.model.describe() if prediction.model else None,
                 "implicit": [c.model_dump() for c in prediction.diff.implicit]
                 if prediction.diff
                 else None,

@@ -75,7 +75,8 @@ async def gates(
     with the settings it moves on its own analysed in turn (gates/implied.py)."""
     engine, declared = session.engine.name, session.project.gpu
     gate_host = gating.gate_host(host, declared)
-    findings = await gating.analyze(engine, version, change, checked.candidate, gate_host)
+    # The resolution first: it reads the model's config.json on the host, which decides what
+    # of the engine's code the model builds (its architectures, MLA, MoE, quantization).
     prediction = await resolving.predict(
         session.target,
         engine,
@@ -84,6 +85,8 @@ async def gates(
         resolving.declared_facts(host, declared),
         checked.named_settings,
     )
+    model = prediction.model.config if prediction is not None and prediction.model else None
+    findings = await gating.analyze(engine, version, change, checked.candidate, gate_host, model)
     if prediction is not None and gate_host is not None:
         findings = await asyncio.to_thread(
             gating.corrected,
@@ -92,6 +95,7 @@ async def gates(
             prediction.candidate,
             gate_host,
             checked.candidate.argv,
+            model,
         )
     skipped = None
     if not findings and engine in GATED:

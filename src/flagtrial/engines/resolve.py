@@ -102,6 +102,22 @@ class Raised(BaseModel):
         return f"{self.type}: {self.message.strip().splitlines()[0]}{at}"
 
 
+class ModelRead(BaseModel):
+    """The config.json of the model a command names, as read on the engine's host: what the
+    source gate analysis follows of the model (its architectures, MLA, MoE, quantization)."""
+
+    source: str  # the file read: in the model's folder or the host's Hugging Face cache
+    config: dict[str, Any] = Field(repr=False)
+
+    @property
+    def architectures(self) -> list[str]:
+        names = self.config.get("architectures")
+        return [str(n) for n in names] if isinstance(names, list) else []
+
+    def describe(self) -> str:
+        return f"{', '.join(self.architectures) or 'no architectures named'} ({self.source})"
+
+
 class Resolution(BaseModel):
     """One command resolved: its settings, the engine's raise, or why it could not run."""
 
@@ -114,6 +130,7 @@ class Resolution(BaseModel):
     patched: list[str] = Field(default_factory=list)
     stood_in: list[str] = Field(default_factory=list)
     seconds: float | None = None
+    model: ModelRead | None = None
     # Whether `settings` is the whole resolved record (SGLang's resolved_dict), so that two
     # equal records mean the server behaves alike; vLLM's config line is a summary.
     complete: bool = False
@@ -194,6 +211,7 @@ def parse(
         patched=out.get("patched") or [],
         stood_in=out.get("stood_in") or [],
         seconds=out.get("seconds"),
+        model=ModelRead.model_validate(out["model"]) if out.get("model") else None,
         complete=engine == "sglang",
         record=out.get("record") or {},
         config_only=out.get("config_only") or [],
@@ -386,12 +404,24 @@ class Prediction(BaseModel):
         """The candidate raises where the known-good does not: it fails at startup."""
         return self.candidate.raised is not None and self.known_good.raised is None
 
+    @property
+    def model(self) -> ModelRead | None:
+        """The model the candidate names, as its resolution read it (else the known-good's)."""
+        return self.candidate.model or self.known_good.model
+
     def lines(self) -> list[str]:
         """What preflight shows."""
         out = [
             f"engine's own resolution ({self.candidate.facts}):",
             f"  known-good: {self.known_good.describe()}",
             f"  candidate: {self.candidate.describe()}",
+            "  model: "
+            + (
+                self.model.describe()
+                if self.model
+                else "no config.json found on the host for the model the command names"
+                " (the gate analysis does not follow what depends on the model)"
+            ),
         ]
         if self.diff is not None:
             changes = self.diff.implicit

@@ -7,7 +7,9 @@ server gets them), "env" (the unit's environment), "facts" (null: the host's own
 engine queries them; else declared GPU facts)}. It prints one marked JSON line:
 {"status": "resolved", "settings": ...} | {"status": "raised", "raised": {type, message, file,
 line}} | {"status": "unresolved", "reason"}; with "patched" (the platform queries answered
-from declared facts) and "stood_in" (absent GPU-only packages imported as stand-ins).
+from declared facts), "stood_in" (absent GPU-only packages imported as stand-ins) and
+"model" ({"source", "config"}: the config.json of the model the command names, in its folder
+or the host's Hugging Face cache, never downloaded; null where there is none to read).
 
 What runs is what the server runs at start before it loads weights:
 - SGLang 0.5.23 (`sglang serve` / launch_server.py, srt/entrypoints/engine.py
@@ -70,6 +72,9 @@ ARG_MODULES = {"sglang": "sglang.srt.server_args", "vllm": "vllm.engine.arg_util
 _STAND_IN_NOTE = "a stand-in for a GPU-only package absent here"
 _stood_in: list[str] = []
 _patched: list[str] = []
+# The model the command names (a folder or a Hub name), once the parser has read it: its
+# config.json is reported whether or not the resolution after it raises.
+_model_word: str | None = None
 # The stand-ins asked for an answer (called, tested, iterated) while this is a list: what
 # such an answer decided is not the GPU host's.
 _answered: list[str] | None = None
@@ -330,9 +335,49 @@ def _shown(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+>", ">", repr(value))
 
 
+def _sglang_model(argv: list[str]) -> str | None:
+    """The model path as SGLang's own parser reads it, parsed alone: prepare_server_args
+    goes on into the resolution, which may raise."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    with contextlib.suppress(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        return getattr(parser.parse_known_args(argv)[0], "model_path", None)
+    return None
+
+
+def model_config(word: str | None) -> dict[str, Any] | None:
+    """The config.json the server reads for the model `word` names: in that folder, or for a
+    Hub name in this host's Hugging Face cache (never downloaded); None where there is none."""
+    if not word:
+        return None
+    path = os.path.join(word, "config.json")
+    if not os.path.isfile(path):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(word, "config.json")
+        except Exception:  # not a Hub name, or no huggingface_hub: nothing cached to read
+            return None
+        if not isinstance(found, str):
+            return None
+        path = found
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return {"source": path, "config": config} if isinstance(config, dict) else None
+
+
 def resolve_sglang(argv: list[str]) -> dict[str, Any]:
     from sglang.srt.server_args import prepare_server_args
 
+    global _model_word
+    _model_word = _sglang_model(argv)
     if importlib.util.find_spec("sglang.srt.plugins") is not None:  # 0.5.10 has no plugins
         importlib.import_module("sglang.srt.plugins").load_plugins()
     args = _parsed(lambda: prepare_server_args(argv))
@@ -348,6 +393,7 @@ def resolve_sglang(argv: list[str]) -> dict[str, Any]:
 
 
 def resolve_vllm(argv: list[str], declared: bool) -> dict[str, Any]:
+    global _model_word
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -369,6 +415,7 @@ def resolve_vllm(argv: list[str], declared: bool) -> dict[str, Any]:
     args = _parsed(lambda: cli.make_arg_parser(FlexibleArgumentParser()).parse_args(words))
     if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
+    _model_word = getattr(args, "model", None)
     cli.validate_parsed_serve_args(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     with _reads_of(engine_args) as read:
@@ -607,7 +654,7 @@ def main(argv: list[str]) -> int:
             out = {"status": "raised", "raised": {"type": type(e).__name__,
                                                   "message": message[:2000], "file": file,
                                                   "line": line}}  # fmt: skip
-    out.update(patched=_patched, stood_in=sorted(set(_stood_in)),
+    out.update(patched=_patched, stood_in=sorted(set(_stood_in)), model=model_config(_model_word),
                seconds=round(time.monotonic() - began, 2))  # fmt: skip
     sys.stdout.flush()
     print("\n" + MARK + " " + json.dumps(out, default=repr), flush=True)
