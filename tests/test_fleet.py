@@ -142,6 +142,20 @@ def test_host_declares_its_gpu(tmp_path: Path) -> None:
         f"inventory {tmp_path / 'hosts.ini'}: b: flagtrial_gpu.compute_cap: Input should be a "
         "valid string"
     )
+    # an AMD host by its gfx architecture; never both kinds at once
+    (tmp_path / "host_vars" / "b.yml").write_text('flagtrial_gpu: {gfx: gfx942, rocm: "6.3"}\n')
+    assert load_group(tmp_path / "hosts.ini", "gpus")[1].gpu == DeclaredGpu(
+        gfx="gfx942", rocm="6.3"
+    )
+    (tmp_path / "host_vars" / "b.yml").write_text(
+        'flagtrial_gpu: {gfx: gfx942, compute_cap: "9.0"}\n'
+    )
+    with pytest.raises(ProjectError) as e:
+        load_group(tmp_path / "hosts.ini", "gpus")
+    assert str(e.value) == (
+        f"inventory {tmp_path / 'hosts.ini'}: b: flagtrial_gpu: Value error, declare "
+        "compute_cap (NVIDIA) or gfx (AMD), not both"
+    )
 
 
 def fleet_project(root: Path) -> Path:

@@ -20,6 +20,7 @@ from flagtrial.facts import Facts
 from flagtrial.fleet.promote import Differences
 from flagtrial.launch.change import Change, Edit
 from flagtrial.ledger import Ledger
+from flagtrial.preflight import GateReport
 from flagtrial.reasons import Code
 from flagtrial.targets.process import ProcessTarget
 from flagtrial.trial import Trial, TrialOutcome
@@ -213,6 +214,46 @@ def test_the_models_config_on_the_host_decides_what_the_analysis_follows(
     read = out["resolution"]["candidate"]["model"]
     assert read["source"] == str(model / "config.json")
     assert read["config"]["architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "described", "outcome"),
+    [
+        ({"gfx": "gfx942", "rocm": "6.3", "count": 4}, "gfx942, ROCm 6.3, 4 GPU(s)", "ACTIVE"),
+        (
+            {"compute_cap": "9.0", "count": 4},
+            "SM90, CUDA unknown, 4 GPU(s)",
+            "NO-OP ON THIS HARDWARE",
+        ),
+    ],
+)
+def test_an_amd_host_declared_by_its_gfx_is_analysed_on_rocm(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gpu: dict[str, object],
+    described: str,
+    outcome: str,
+) -> None:
+    """A host whose GPUs nvidia-smi cannot read, an AMD one, declares them by gfx architecture
+    and ROCm version, and preflight's analysis runs for that platform: AITER's all-reduce
+    fusion acts on gfx942 (sglang 0.5.23 layers/layernorm.py) and is a no-op on a declared
+    NVIDIA SM90, where every read of it is ruled out."""
+    from flagtrial.fleet.promote import host_gates
+
+    project = project_for(tmp_path, monkeypatch, SGLANG)
+    # in place of the SM120 project_for declares
+    update_project_file(project, gpu={"compute_cap": None, "cuda": None, **gpu})
+    session = session_for(project)
+    aiter = Change(edits=[Edit(op="add", name="--enable-aiter-allreduce-fusion")])
+
+    async def gates() -> GateReport:
+        try:
+            return await host_gates(session, SGLANG[1], aiter)
+        finally:
+            await session.close()
+
+    (finding,) = asyncio.run(gates()).findings
+    assert (finding.host, finding.outcome.value) == (described, outcome), finding.reason
 
 
 def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from flagtrial.errors import ProjectError
 from flagtrial.projectfile import template
 from flagtrial.settings import Project, Ssh, parse_project
 from harness.cli import cli
@@ -70,14 +71,20 @@ def test_keys_left_unset_are_commented_with_an_example_that_validates(tmp_path: 
     text = template(PROJECTS[0])
     commented = [line[2:] for line in text.splitlines() if line.startswith("# ") and " = " in line]
     assert commented, "no unset key shown"
-    # Uncommenting every example still gives a valid project file.
-    uncommented = "\n".join(
-        line[2:] if line.startswith("# ") and " = " in line else line for line in text.splitlines()
-    )
-    parsed = tomllib.loads(uncommented)
-    assert parsed["spec_path"] and parsed["workload"]["model"]
-    (tmp_path / parsed["workload"]["prompts_file"]).write_text('{"prompt": "hello"}\n')
-    parse_project(uncommented, tmp_path / "flagtrial.toml")
+    # Uncommenting every example still gives a valid project file, but for the one key that
+    # stands in place of another: [gpu] declares compute_cap (NVIDIA) or gfx (AMD).
+    for instead in ("gfx = ", "compute_cap = "):
+        uncommented = "\n".join(
+            line[2:] if line.startswith("# ") and " = " in line and instead not in line else line
+            for line in text.splitlines()
+        )
+        parsed = tomllib.loads(uncommented)
+        assert parsed["spec_path"] and parsed["workload"]["model"]
+        (tmp_path / parsed["workload"]["prompts_file"]).write_text('{"prompt": "hello"}\n')
+        parse_project(uncommented, tmp_path / "flagtrial.toml")
+    with pytest.raises(ProjectError, match="declare compute_cap \\(NVIDIA\\) or gfx"):
+        parse_project(text.replace("# gfx = ", "gfx = ").replace("# compute_cap", "compute_cap"),
+                      tmp_path / "flagtrial.toml")  # fmt: skip
 
 
 def test_init_writes_the_generated_file(tmp_path: Path) -> None:

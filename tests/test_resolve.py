@@ -287,6 +287,23 @@ def test_a_second_resolution_of_the_same_model_elsewhere_is_served_from_the_cach
     assert len(starts.read_text().splitlines()) == 2
 
 
+def test_a_declared_amd_gpu_gets_sglangs_own_rocm_choices(
+    sglang_bin: Path,  # noqa: F811
+    sglang_model: Path,  # noqa: F811
+) -> None:
+    """`[gpu] gfx = "gfx942"`: SGLang resolves the command as on an MI300X (torch.version.hip
+    answered), picking its ROCm attention and sampling backends where a declared SM90 gets
+    FlashAttention 3 and FlashInfer."""
+    rocm = ResolveFacts(platform="rocm", gfx="gfx942", rocm="6.3", gpus=1)
+    argv = ["--model-path", str(sglang_model)]
+    on_amd = resolve_local(sglang_bin, "sglang", argv, rocm)
+    on_sm90 = resolve_local(sglang_bin, "sglang", argv, SM90)
+    assert "torch.version.hip" in on_amd.patched
+    picks = ("attention_backend", "sampling_backend")
+    assert [on_amd.settings[k] for k in picks] == ["aiter", "pytorch"], on_amd
+    assert [on_sm90.settings[k] for k in picks] == ["fa3", "flashinfer"], on_sm90
+
+
 def test_a_hub_name_is_read_from_the_hosts_hugging_face_cache_never_downloaded(
     sglang_bin: Path,  # noqa: F811
     tmp_path: Path,

@@ -149,13 +149,27 @@ class Ssh(BaseModel):
 
 class DeclaredGpu(BaseModel):
     """GPU facts for the source gate analysis when the host's nvidia-smi reports none
-    (a container without the driver, a test host). The host's own facts win when it has any."""
+    (a container without the driver, an AMD host, a test host): an NVIDIA GPU by its compute
+    capability or an AMD one by its gfx architecture. The host's own facts win when it has
+    any."""
 
     model_config = ConfigDict(extra="forbid")
 
     compute_cap: str | None = Field(None, description='e.g. "12.0" for SM120', examples=["12.0"])
+    gfx: str | None = Field(
+        None, description="an AMD GPU's architecture, in place of compute_cap", examples=["gfx942"]
+    )
     count: int = Field(1, ge=1, description="how many such GPUs the host has")
     cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"', examples=["12.8"])
+    rocm: str | None = Field(None, description='the ROCm version, e.g. "6.3"', examples=["6.3"])
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> DeclaredGpu:
+        if self.compute_cap and self.gfx:
+            raise ValueError("declare compute_cap (NVIDIA) or gfx (AMD), not both")
+        if self.gfx and not re.fullmatch(r"gfx[0-9a-f]+", self.gfx.strip().lower()):
+            raise ValueError(f"not a gfx architecture: {self.gfx!r} (expected e.g. gfx942)")
+        return self
 
 
 class Fleet(BaseModel):

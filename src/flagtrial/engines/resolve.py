@@ -80,11 +80,8 @@ class ResolveFacts(BaseModel):
 def declared_facts(host: HostFacts, declared: DeclaredGpu) -> ResolveFacts | None:
     """Declared facts only where the host reports no GPU and the project declares one; the
     host's own GPUs (or its CPU) answer otherwise."""
-    if host.gpus or not declared.compute_cap:
-        return None
-    gate = GateHost.sm(declared.compute_cap.replace(".", ""), cuda=declared.cuda,
-                       gpus=declared.count)  # fmt: skip
-    return ResolveFacts.from_gate_host(gate)
+    gate = None if host.gpus else GateHost.declared(declared)
+    return ResolveFacts.from_gate_host(gate) if gate is not None else None
 
 
 class Raised(BaseModel):

@@ -179,6 +179,9 @@ def gpus_of(host: HostFacts, declared: DeclaredGpu) -> list[str]:
     if declared.compute_cap:
         cuda = f", CUDA {declared.cuda}" if declared.cuda else ""
         return [f"{declared.count} x SM {declared.compute_cap} (declared{cuda})"]
+    if declared.gfx:
+        rocm = f", ROCm {declared.rocm}" if declared.rocm else ""
+        return [f"{declared.count} x {declared.gfx} (declared{rocm})"]
     return []
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flagtrial.settings import DeclaredGpu
 from flagtrial.targets.base import HostFacts
 
 GpuPlatform = Literal["cuda", "rocm", "cpu"]
@@ -52,6 +53,17 @@ class GateHost(BaseModel):
             return self.compute_cap
         m = re.match(r"^gfx(\d+?)([0-9a-f])([0-9a-f])$", self.gfx.lower())
         return (int(m.group(1)), int(m.group(2), 16)) if m else None
+
+    @classmethod
+    def declared(cls, gpu: DeclaredGpu) -> GateHost | None:
+        """The project's `[gpu]` (or a fleet host's flagtrial_gpu); None when it declares none."""
+        if gpu.gfx:
+            rocm = parse_compute_cap(gpu.rocm) if gpu.rocm else None
+            return cls(platform="rocm", gfx=gpu.gfx.strip().lower(), rocm_version=rocm,
+                       gpu_count=gpu.count)  # fmt: skip
+        if gpu.compute_cap:
+            return cls.sm(gpu.compute_cap.replace(".", ""), cuda=gpu.cuda, gpus=gpu.count)
+        return None
 
     @classmethod
     def sm(cls, cap: str, *, cuda: str | None = None, gpus: int = 1) -> GateHost:

@@ -28,10 +28,7 @@ def gate_host(host: HostFacts, declared: DeclaredGpu) -> GateHost | None:
     """The host's own GPUs; else the project's declared GPU; else None (nothing to analyse)."""
     if host.gpus:
         return GateHost.from_host_facts(host, cuda_version=declared.cuda)
-    if declared.compute_cap:
-        return GateHost.sm(declared.compute_cap.replace(".", ""), cuda=declared.cuda,
-                           gpus=declared.count)  # fmt: skip
-    return None
+    return GateHost.declared(declared)
 
 
 async def analyze(
