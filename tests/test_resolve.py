@@ -20,6 +20,7 @@ from flagtrial.cache import installed_engines
 from flagtrial.demo import free_port
 from flagtrial.engines import resolve_dump
 from flagtrial.engines.resolve import (
+    ModelRead,
     Prediction,
     Resolution,
     ResolveFacts,
@@ -616,6 +617,21 @@ def _res(status: str, settings: dict | None = None, raised: dict | None = None) 
             "complete": True,
         }
     )
+
+
+def test_preflight_says_why_no_model_was_read() -> None:
+    def model_line(good: Resolution, cand: Resolution) -> str:
+        lines = Prediction(known_good=good, candidate=cand, diff=None).lines()
+        return next(line for line in lines if line.startswith("  model: "))
+
+    unresolved = _res("unresolved")
+    assert model_line(unresolved, unresolved).startswith(
+        "  model: not read: the resolution did not run ("
+    )
+    assert model_line(_res("resolved"), unresolved).startswith("  model: no config.json found")
+    read = {"source": "/m/config.json", "config": {"architectures": ["LlamaForCausalLM"]}}
+    with_model = _res("resolved").model_copy(update={"model": ModelRead.model_validate(read)})
+    assert model_line(with_model, unresolved) == "  model: LlamaForCausalLM (/m/config.json)"
 
 
 def test_combine_rules() -> None:

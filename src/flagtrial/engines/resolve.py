@@ -412,13 +412,7 @@ class Prediction(BaseModel):
             f"engine's own resolution ({self.candidate.facts}):",
             f"  known-good: {self.known_good.describe()}",
             f"  candidate: {self.candidate.describe()}",
-            "  model: "
-            + (
-                self.model.describe()
-                if self.model
-                else "no config.json found on the host for the model the command names"
-                " (the gate analysis does not follow what depends on the model)"
-            ),
+            f"  model: {self._model_line()}",
         ]
         if self.diff is not None:
             changes = self.diff.implicit
@@ -431,6 +425,15 @@ class Prediction(BaseModel):
                 f"patched platform queries: {', '.join(self.candidate.patched)})"
             )
         return out
+
+    def _model_line(self) -> str:
+        if self.model is not None:
+            return self.model.describe()
+        if self.known_good.status == self.candidate.status == "unresolved":
+            why = "not read: the resolution did not run"
+        else:
+            why = "no config.json found on the host for the model the command names"
+        return f"{why} (the gate analysis does not follow what depends on the model)"
 
     def check(self, facts: Facts) -> PredictionCheck | None:
         """After the candidate's restart: its resolution against `facts`, what its server
