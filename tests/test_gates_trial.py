@@ -46,9 +46,14 @@ DECLARED = '[gpu]\ncompute_cap = "12.0"\ncount = 4\ncuda = "12.8"\n'
 FUSION = Change(edits=[Edit(op="add", name="--enable-flashinfer-allreduce-fusion")])
 
 
-def project_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: tuple[str, str]) -> Path:
+def project_for(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    release: tuple[str, str],
+    env: dict[str, str] = ENV,
+) -> Path:
     monkeypatch.setenv("PYTHONPATH", str(engine_site(*release)))
-    path = write_project(tmp_path, "sglang", [*ARGS, "--port", str(free_port())], ENV)
+    path = write_project(tmp_path, "sglang", [*ARGS, "--port", str(free_port())], env)
     return update_project_file(path, DECLARED)
 
 
@@ -236,11 +241,12 @@ def test_an_amd_host_declared_by_its_gfx_is_analysed_on_rocm(
 ) -> None:
     """A host whose GPUs nvidia-smi cannot read, an AMD one, declares them by gfx architecture
     and ROCm version, and preflight's analysis runs for that platform: AITER's all-reduce
-    fusion acts on gfx942 (sglang 0.5.23 layers/layernorm.py) and is a no-op on a declared
-    NVIDIA SM90, where every read of it is ruled out."""
+    fusion acts on gfx942 with AITER on (sglang 0.5.23 layers/layernorm.py:54 `_use_aiter`,
+    SGLANG_USE_AITER on a HIP build; its read at :270) and is a no-op on a declared NVIDIA
+    SM90, where every read of it is ruled out."""
     from flagtrial.fleet.promote import host_gates
 
-    project = project_for(tmp_path, monkeypatch, SGLANG)
+    project = project_for(tmp_path, monkeypatch, SGLANG, {**ENV, "SGLANG_USE_AITER": "1"})
     # in place of the SM120 project_for declares
     update_project_file(project, gpu={"compute_cap": None, "cuda": None, **gpu})
     session = session_for(project)

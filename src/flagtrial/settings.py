@@ -163,12 +163,20 @@ class DeclaredGpu(BaseModel):
     cuda: str | None = Field(None, description='the CUDA version, e.g. "12.8"', examples=["12.8"])
     rocm: str | None = Field(None, description='the ROCm version, e.g. "6.3"', examples=["6.3"])
 
+    @field_validator("gfx")
+    @classmethod
+    def _gfx(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        name = v.strip().lower()
+        if not re.fullmatch(r"gfx[0-9a-f]+", name):
+            raise ValueError(f"not a gfx architecture: {v!r} (expected e.g. gfx942)")
+        return name
+
     @model_validator(mode="after")
     def _one_kind(self) -> DeclaredGpu:
         if self.compute_cap and self.gfx:
             raise ValueError("declare compute_cap (NVIDIA) or gfx (AMD), not both")
-        if self.gfx and not re.fullmatch(r"gfx[0-9a-f]+", self.gfx.strip().lower()):
-            raise ValueError(f"not a gfx architecture: {self.gfx!r} (expected e.g. gfx942)")
         return self
 
 

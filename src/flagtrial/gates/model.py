@@ -59,8 +59,7 @@ class GateHost(BaseModel):
         """The project's `[gpu]` (or a fleet host's flagtrial_gpu); None when it declares none."""
         if gpu.gfx:
             rocm = parse_compute_cap(gpu.rocm) if gpu.rocm else None
-            return cls(platform="rocm", gfx=gpu.gfx.strip().lower(), rocm_version=rocm,
-                       gpu_count=gpu.count)  # fmt: skip
+            return cls(platform="rocm", gfx=gpu.gfx, rocm_version=rocm, gpu_count=gpu.count)
         if gpu.compute_cap:
             return cls.sm(gpu.compute_cap.replace(".", ""), cuda=gpu.cuda, gpus=gpu.count)
         return None
