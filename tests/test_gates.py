@@ -21,7 +21,7 @@ from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateFinding, GateHost, Outcome, parse_compute_cap
 from flagtrial.gates.reader import SourceReader
-from flagtrial.gates.values import Scope
+from flagtrial.gates.values import UNKNOWN, Scope, Val
 from flagtrial.gates.wheel import engine_source
 from flagtrial.targets.base import Gpu, HostFacts
 
@@ -434,3 +434,66 @@ def test_wheel_cache_holds_only_python_source(sglang_seed: SourceIndex) -> None:
     root = Path(sglang_seed.root)
     assert (root / "sglang" / "srt" / "server_args.py").is_file()
     assert not list(root.rglob("*.so"))
+
+
+# ------------------------------------------------------------------ the launch's environment
+
+GFX942 = GateHost(platform="rocm", gfx="gfx942", rocm_version=(6, 3), gpu_count=4)
+DENSE = json.loads(
+    (Path(__file__).parents[1] / "benchmarks/gates/corpus/models/dense-llama.json").read_text()
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "outcome"),
+    [
+        ({"SGLANG_USE_AITER": "0"}, Outcome.NO_OP),
+        ({"SGLANG_USE_AITER": "1"}, Outcome.ACTIVE),
+        ({}, Outcome.ACTIVE),  # not set by the launch: unknown, so not ruled out
+    ],
+)
+def test_the_launchs_environment_decides_an_aiter_path(
+    sglang: SourceIndex, env: dict[str, str], outcome: Outcome
+) -> None:
+    """AITER's all-reduce fusion on gfx942 runs only with SGLANG_USE_AITER on (sglang 0.5.23
+    layers/layernorm.py:54 `_use_aiter = get_bool_env_var("SGLANG_USE_AITER") and _is_hip`).
+    The variable the launch sets is read as set; before, it was unknown in the layers and
+    unset where a caller's test was followed (layer_boundary/residual/add_norm.py:181), so
+    with AITER on that read was ruled out although it runs."""
+    flag = "--enable-aiter-allreduce-fusion"
+    (finding,) = analyze_change(
+        *SGLANG, [(flag, None)], GFX942, 4, command=["--model-path", "m", flag],
+        model=DENSE, env=env,
+    )  # fmt: skip
+    assert finding.outcome == outcome, render_text([finding])
+    notes = [e.note for e in finding.evidence if e.role == "note"]
+    said = {n for n in notes if "in the launch's environment" in n}
+    assert said == {f"{k}={v} in the launch's environment" for k, v in env.items()}
+    if env.get("SGLANG_USE_AITER") == "1":  # the read the caller's test had ruled out
+        (read,) = [e for e in finding.evidence if e.where.endswith("residual/add_norm.py:163")]
+        assert read.note.endswith("acts on this host"), render_text([finding])
+
+
+def test_a_variable_the_engine_sets_itself_is_not_read_as_the_launchs(
+    sglang: SourceIndex,
+) -> None:
+    """SGLang's argument resolution sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE itself
+    (arg_groups/attention_hook.py `envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set(True)`), so a
+    read of it may see either value: unknown, whatever the launch sets. A secret-named
+    variable's value never reaches the evidence."""
+    assert "SGLANG_ENABLE_DETERMINISTIC_INFERENCE" in sglang.env_writes
+    assert "SGLANG_USE_AITER" not in sglang.env_writes
+    env = {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "0", "HF_TOKEN": "hf_secret_value_1234"}
+    ev = Evaluator(sglang, SourceReader(sglang), GFX942, {}, env=env)
+    scope = Scope(sglang.modules["sglang.srt.utils.common"])
+
+    def read(name: str) -> Val:
+        return ev.expr(ast.parse(f"os.getenv({name!r})", mode="eval").body, scope)
+
+    assert read("SGLANG_ENABLE_DETERMINISTIC_INFERENCE").value is UNKNOWN
+    token = read("HF_TOKEN")
+    assert token.value == "hf_secret_value_1234"  # the analysis reads it ...
+    shown = " ".join(note for *_, note in token.traces)
+    assert "HF_TOKEN (value withheld) in the launch's environment" in shown
+    assert "hf_secret" not in shown  # ... and never shows it
+    assert read("SGLANG_USE_AITER").value is UNKNOWN  # not set, not the platform's pick

@@ -310,6 +310,25 @@ def test_cli_takes_the_command_the_model_and_the_gpu(tmp_path: Path) -> None:
     assert run.returncode == 2 and "one of --sm, --gfx, --cpu" in run.stderr
 
 
+def test_cli_takes_the_launchs_environment(tmp_path: Path) -> None:
+    """`--env NAME=VALUE`: a variable the launch sets, read as set (sglang 0.5.23
+    layers/layernorm.py:54 `_use_aiter` needs SGLANG_USE_AITER on a HIP build)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(DENSE))
+    argv = ("gates", "--engine", "sglang==0.5.23", "--gfx", "gfx942", "--json",
+            "--model-config", str(config))  # fmt: skip
+    outcomes = []
+    for value in ("0", "1"):
+        run = cli(None, *argv, "--env", f"SGLANG_USE_AITER={value}",
+                  "--enable-aiter-allreduce-fusion")  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        outcomes.append(json.loads(run.stdout)[0]["outcome"])
+    assert outcomes == [Outcome.NO_OP.value, Outcome.ACTIVE.value]
+    run = cli(None, *argv, "--env", "hf_not_a_pair_1234", "--enable-aiter-allreduce-fusion")
+    assert run.returncode == 2 and "--env takes NAME=VALUE" in run.stderr
+    assert "hf_not_a_pair_1234" not in run.stderr + run.stdout
+
+
 def test_platform_hook_turns_the_setting_off_again() -> None:
     # vLLM 0.33.0 platforms/cpu.py:363-365, in CpuPlatform.check_and_update_config (run at
     # every launch on a CPU host): if parallel_config.enable_dbo: ... enable_dbo = False

@@ -221,6 +221,22 @@ def test_the_models_config_on_the_host_decides_what_the_analysis_follows(
     assert read["config"]["architectures"] == ["LlamaForCausalLM"]
 
 
+def aiter_fusion_gates(project: Path) -> GateReport:
+    """Preflight's gate analysis of adding AITER's all-reduce fusion, on sglang 0.5.23."""
+    from flagtrial.fleet.promote import host_gates
+
+    session = session_for(project)
+    aiter = Change(edits=[Edit(op="add", name="--enable-aiter-allreduce-fusion")])
+
+    async def gates() -> GateReport:
+        try:
+            return await host_gates(session, SGLANG[1], aiter)
+        finally:
+            await session.close()
+
+    return asyncio.run(gates())
+
+
 @pytest.mark.parametrize(
     ("gpu", "described", "outcome"),
     [
@@ -244,22 +260,41 @@ def test_an_amd_host_declared_by_its_gfx_is_analysed_on_rocm(
     fusion acts on gfx942 with AITER on (sglang 0.5.23 layers/layernorm.py:54 `_use_aiter`,
     SGLANG_USE_AITER on a HIP build; its read at :270) and is a no-op on a declared NVIDIA
     SM90, where every read of it is ruled out."""
-    from flagtrial.fleet.promote import host_gates
-
     project = project_for(tmp_path, monkeypatch, SGLANG, {**ENV, "SGLANG_USE_AITER": "1"})
     # in place of the SM120 project_for declares
     update_project_file(project, gpu={"compute_cap": None, "cuda": None, **gpu})
-    session = session_for(project)
-    aiter = Change(edits=[Edit(op="add", name="--enable-aiter-allreduce-fusion")])
-
-    async def gates() -> GateReport:
-        try:
-            return await host_gates(session, SGLANG[1], aiter)
-        finally:
-            await session.close()
-
-    (finding,) = asyncio.run(gates()).findings
+    (finding,) = aiter_fusion_gates(project).findings
     assert (finding.host, finding.outcome.value) == (described, outcome), finding.reason
+
+
+@pytest.mark.parametrize(("in_file", "outcome"), [("0", "NO-OP ON THIS HARDWARE"), ("1", "ACTIVE")])
+def test_the_environment_the_server_starts_with_reaches_the_analysis(
+    tmp_path: Path,
+    sglang_bin: Path,  # noqa: F811
+    in_file: str,
+    outcome: str,
+) -> None:
+    """AITER's all-reduce fusion on gfx942 acts only with SGLANG_USE_AITER on (sglang 0.5.23
+    layers/layernorm.py:54). The unit sets it one way in Environment= and the other way in
+    an EnvironmentFile=, whose value the server starts with (as in systemd): preflight's
+    analysis, of a dense Llama read on the host, follows that value."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(CORPUS_MODELS / "dense-llama.json", model / "config.json")
+    project = real_resolution_project(tmp_path, sglang_bin, model, "9.0")
+    gfx942 = {"compute_cap": None, "cuda": None, "gfx": "gfx942", "rocm": "6.3", "count": 4}
+    update_project_file(project, gpu=gfx942)
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text(f"SGLANG_USE_AITER={in_file}\n")
+    unit = project.parent / "sglang.service"
+    other = "1" if in_file == "0" else "0"
+    lines = f"Environment=SGLANG_USE_AITER={other}\nEnvironmentFile={env_file}\nExecStart="
+    unit.write_text(unit.read_text().replace("ExecStart=", lines, 1))
+    (finding,) = aiter_fusion_gates(project).findings
+    assert finding.outcome.value == outcome, finding.reason
+    notes = {e.note for e in finding.evidence if e.role == "note"}
+    assert f"SGLANG_USE_AITER={in_file} in the launch's environment" in notes
+    assert f"SGLANG_USE_AITER={other} in the launch's environment" not in notes
 
 
 def test_the_seed_change_is_attributed_to_the_no_op_that_costs_memory(

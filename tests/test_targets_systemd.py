@@ -23,6 +23,7 @@ import pytest
 from flagtrial.errors import LockHeldError, TargetError
 from flagtrial.launch.spec import LaunchSpec
 from flagtrial.targets.base import ServerState
+from flagtrial.targets.process import ProcessTarget
 from flagtrial.targets.ssh import SshTarget
 from flagtrial.targets.systemd import LOCK_DIR, START_LIMIT_LINE, SystemdTarget
 from harness.hosts import (
@@ -541,3 +542,57 @@ def test_local_target_runs_and_locks_without_systemd(tmp_path: Path) -> None:
         for suffix in (".lock", ".holder"):
             Path(f"{LOCK_DIR}/{unit}{suffix}").unlink(missing_ok=True)
     assert not pwned.exists()
+
+
+def env_unit(env_file: str) -> str:
+    """A unit that prints the two variables it starts with, then idles."""
+    return (
+        "[Unit]\nDescription=flagtrial environment test\n\n[Service]\n"
+        "Environment=FT_X=unit FT_Y=unit\n"
+        f"EnvironmentFile={env_file}\nEnvironmentFile=-/nonexistent/ft-env\n"
+        "ExecStart=/bin/sh -c 'echo FT_X=$$FT_X FT_Y=$$FT_Y; exec sleep 600'\n"
+    )
+
+
+def test_both_targets_read_the_environment_systemd_starts_a_unit_with(
+    host: SystemdHost, tmp_path: Path
+) -> None:
+    """A variable set by Environment= and by an EnvironmentFile= gets the file's value
+    (systemd.exec: settings from the files override Environment=); a missing optional file
+    is skipped. The SSH target reads the environment (what the gate analysis gets) as
+    systemd then starts the unit with, and so does the process target, which starts its
+    server with it too."""
+    host.sh("printf 'FT_X=file\\n' > /etc/ft-env")
+    host.install_unit("ftenv.service", env_unit("/etc/ft-env"))
+    local_file = tmp_path / "ft-env"
+    local_file.write_text("FT_X=file\n")
+    local_unit = tmp_path / "ftenv.service"
+    local_unit.write_text(env_unit(str(local_file)))
+    seen = "FT_X=file FT_Y=unit"
+
+    async def body() -> None:
+        t = target(host, "ftenv.service")
+        local = ProcessTarget(local_unit, tmp_path / "state")
+        try:
+            env = await t.environment(await t.read_spec())
+            assert (env["FT_X"], env["FT_Y"]) == ("file", "unit")
+            mark = await t.restart()
+            assert (await wait_state(t, lambda s: s.status == "running")).status == "running"
+            deadline = time.monotonic() + 10
+            while seen not in await t.logs_since(mark) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert seen in await t.logs_since(mark)  # what systemd gave the unit
+
+            env = await local.environment(await local.read_spec())
+            assert (env["FT_X"], env["FT_Y"]) == ("file", "unit")
+            mark = await local.restart()
+            deadline = time.monotonic() + 10
+            while seen not in await local.logs_since(mark) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert seen in await local.logs_since(mark)
+        finally:
+            await local.stop()
+            await t.aclose()
+            host.reset_unit("ftenv.service")
+
+    run(body)

@@ -86,7 +86,10 @@ async def gates(
         checked.named_settings,
     )
     model = prediction.model.config if prediction is not None and prediction.model else None
-    findings = await gating.analyze(engine, version, change, checked.candidate, gate_host, model)
+    env = await session.target.environment(checked.candidate) if engine in GATED else {}
+    findings = await gating.analyze(
+        engine, version, change, checked.candidate, gate_host, model, env
+    )
     if prediction is not None and gate_host is not None:
         findings = await asyncio.to_thread(
             gating.corrected,
@@ -96,6 +99,7 @@ async def gates(
             gate_host,
             checked.candidate.argv,
             model,
+            env,
         )
     skipped = None
     if not findings and engine in GATED:

@@ -233,6 +233,10 @@ def gates(
     model_config: Annotated[
         Path | None, typer.Option("--model-config", help="the model's config.json")
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", help="NAME=VALUE the launch's environment sets (repeatable)"),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Will FLAG act on this GPU? Evidence from the engine's own source; no host needed."""
@@ -261,7 +265,12 @@ def gates(
         model = json.loads(model_config.read_text()) if model_config else None
     except (ValueError, OSError) as e:
         raise UsageError(f"gates: {e}") from None
-    findings = analyze_change(name, version, [(flag, value)], host, size, command=argv, model=model)
+    if any("=" not in word for word in env or []):
+        raise UsageError("gates: --env takes NAME=VALUE (a word without '=' was given)")
+    variables = dict(word.split("=", 1) for word in env or [])
+    findings = analyze_change(
+        name, version, [(flag, value)], host, size, command=argv, model=model, env=variables
+    )
     if json_out:
         emit_json([f.model_dump(mode="json") for f in findings])
     else:

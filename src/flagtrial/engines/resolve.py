@@ -317,10 +317,14 @@ def resolve_local(
 async def resolve_spec(
     target: Target, engine: str, spec: LaunchSpec, facts: ResolveFacts | None
 ) -> Resolution:
-    """A launch spec's command resolved with its own interpreter and environment."""
+    """A launch spec's command resolved with its own interpreter and the environment the
+    server would start with (what a local target's commands inherit anyway is not repeated)."""
+    env = await target.environment(spec)
+    inherited = os.environ if target.local else {}
+    launch = {k: v for k, v in env.items() if inherited.get(k) != v}
     return await resolve_command(
         target, engine, host_python(spec.program), spec.argv[spec.program_words :], facts,
-        spec.env,
+        launch,
     )  # fmt: skip
 
 

@@ -84,6 +84,7 @@ class Analysis:
     raw_value: str | None
     others: dict[str, Any] = field(default_factory=dict)  # the command's other flags
     model: ModelFacts | None = None
+    env: dict[str, str] = field(default_factory=dict)  # what the launch's environment sets
     new: dict[str, FieldBinding] = field(default_factory=dict)
     old: dict[str, FieldBinding] = field(default_factory=dict)
     facts: set[str] = field(default_factory=set)  # fields known from the host, not edited
@@ -204,6 +205,7 @@ class Analysis:
                 self.host,
                 bound,
                 model=self.model,
+                env=self.env,
                 resolution_defaults=self.defaults(bound, all_fields=everything_default),
             )
             for bound in (self.new, self.old)
@@ -363,6 +365,7 @@ class Analysis:
             self.host,
             self.old,
             model=self.model,
+            env=self.env,
             defaults=self.defaults(self.old, all_fields=True),
         )
 

@@ -69,16 +69,18 @@ def analyze_change(
     source: Path | None = None,
     command: list[str] | None = None,
     model: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[GateFinding]:
     """One finding per edit `(flag, value)`; value None for a switch. `flag` may be any
     alias or unambiguous prefix, or `--flag=value` with value None.
 
     `host`: a GateHost, or a target's HostFacts (nvidia-smi: CUDA, version not known).
     `command`: the whole candidate argv (flags only): the other flags' values are known to
-    every guard. `model`: the model's config.json (MLA, MoE, a quantized checkpoint).
-    Thread-safe and silent: the trial runs it with `asyncio.to_thread` while the server
-    restarts. The first call for a version downloads its wheel and indexes it (seconds);
-    later calls read the cached index.
+    every guard. `model`: the model's config.json (MLA, MoE, a quantized checkpoint). `env`:
+    the variables the launch's environment sets, read as set (the others as before: unknown,
+    or unset where the platform's own pick is computed). Thread-safe and silent: the trial
+    runs it with `asyncio.to_thread` while the server restarts. The first call for a version
+    downloads its wheel and indexes it (seconds); later calls read the cached index.
     """
     if isinstance(host, HostFacts):
         host = GateHost.from_host_facts(host)
@@ -90,7 +92,8 @@ def analyze_change(
             flag, value = flag.split("=", 1)
         others = _command_values(index, command or [], flag)
         facts = ModelFacts.of(model) if model is not None else None
-        findings.append(Analysis(index, reader, host, tp, flag, value, others, facts).run())
+        analysis = Analysis(index, reader, host, tp, flag, value, others, facts, env or {})
+        findings.append(analysis.run())
     return findings
 
 

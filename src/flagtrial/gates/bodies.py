@@ -10,11 +10,12 @@ ignored. The read is ruled out when nothing in the body can act here:
   return` before `self.disabled = False`, and `__call__` starts with `if self.disabled:
   return`).
 
-Evaluated with the environment unset and the platform's packages installed (as the
-platform's own pick is), the command's settings bound and the others at their declared
-defaults where argument resolution never writes them; a parameter or attribute named like a
-configuration field declared once (`config.compilation_config.pass_config`) is an instance
-of the class its annotation names."""
+Evaluated with the variables the launch sets, the environment otherwise unset, and the
+platform's packages installed (as the platform's own pick is), the command's settings bound
+and the others at their declared defaults where argument resolution never writes them; a
+parameter or attribute named like a configuration field declared once
+(`config.compilation_config.pass_config`) is an instance of the class its annotation
+names."""
 
 from __future__ import annotations
 
@@ -85,15 +86,16 @@ def field_class(ev: Evaluator, attr: str) -> ClassRef | None:
 def body_evaluator(
     a: Analysis, bound: dict[str, FieldBinding], *, in_startup: bool = False
 ) -> BodyEvaluator:
-    """An evaluator of code on this host with `bound` settings: the environment unset, the
-    platform's packages installed, unbound settings at the defaults argument resolution
-    leaves them (read in startup code only when `in_startup`)."""
+    """An evaluator of code on this host with `bound` settings: the launch's environment (else
+    unset), the platform's packages installed, unbound settings at the defaults argument
+    resolution leaves them (read in startup code only when `in_startup`)."""
     ev = BodyEvaluator(
         a.index,
         a.reader,
         a.host,
         bound,
         model=a.model,
+        env=a.env,
         defaults={},
         resolution_defaults=a.defaults(bound),
     )

@@ -4,8 +4,9 @@
 is `_use_aiter and ... and aiter_ar_fusion_enabled_for(...)`: on CUDA `_use_aiter` is False,
 so the call never happens. Followed only where every call can be seen: a module-level
 function that no other file imports (by name, or its module whole), every mention of it in
-its own file a call, each evaluated with the environment unset and this platform's packages
-installed, as the platform's pick is. One level: a caller's own callers are not followed.
+its own file a call, each evaluated with the launch's environment (else unset) and this
+platform's packages installed, as the platform's pick is. One level: a caller's own callers
+are not followed.
 """
 
 from __future__ import annotations

@@ -88,8 +88,12 @@ class Evaluator:
         model: ModelFacts | None = None,
         defaults: dict[str, Any] | None = None,
         resolution_defaults: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.model = model
+        # The variables the server's launch sets (its unit's Environment= and files, a
+        # process target's own environment): read as set, unless the engine sets them itself.
+        self.env = env or {}
         # Declared defaults of the settings the command leaves out, read in argument
         # resolution only (elsewhere a name like `page_size` may be anything's).
         self.resolution_defaults = resolution_defaults or {}

@@ -8,8 +8,9 @@ decides gives the finding:
    of that value is reached with every test holding (then UNKNOWN);
 3. from the reads (gates/reads.py): ACTIVE when one acts (or a function registered for the
    value runs), unless a startup failure is certain with the settings left out at their
-   defaults (UNKNOWN); NO-OP when every read that would act is ruled out by the GPU and
-   every function was walked; else UNKNOWN.
+   defaults (UNKNOWN); NO-OP when every read that would act is ruled out on this host (its
+   GPU, the model, the command, the launch's environment) and every function was walked;
+   else UNKNOWN.
 
 An UNKNOWN given only for such a raise in argument resolution (rules 2 and 3) names the
 outcome behind it (`unless_raised`), for the engine's own resolution to decide
@@ -134,7 +135,7 @@ def _from_reads(a: Analysis, walker: Walker) -> GateFinding:
     if blocked and a.skipped:
         return a.finding(
             Outcome.UNKNOWN,
-            f"the reads walked are ruled out by the GPU, but {a.skipped} functions that"
+            f"the reads walked are ruled out on this host, but {a.skipped} functions that"
             " mention the field were not walked",
         )
     if blocked:
@@ -142,7 +143,7 @@ def _from_reads(a: Analysis, walker: Walker) -> GateFinding:
             a.chain.read(effect)
         return a.finding(
             Outcome.NO_OP,
-            f"every read that would act ({len(blocked)}) is ruled out by the GPU",
+            f"every read that would act ({len(blocked)}) is ruled out on this host",
         )
     if effects:
         return a.finding(Outcome.UNKNOWN, "no read changes what runs for this value")

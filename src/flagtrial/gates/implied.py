@@ -43,6 +43,7 @@ def follow_implied(
     host: GateHost,
     command: list[str],
     model: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[GateFinding]:
     """The findings, with each not FAILS corrected by the settings the resolution moved that
     the change does not name (SGLang's whole records, both resolved)."""
@@ -78,6 +79,7 @@ def follow_implied(
             first.tp,
             command=[*command, *words],
             model=model,
+            env=env,
         )
         before, after = good.settings.get(setting), cand.settings.get(setting)
         followed.append(Followed(setting, before, after, found, forward))

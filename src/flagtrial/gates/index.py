@@ -46,6 +46,8 @@ class SourceIndex:
     mentions: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
     # every setting argument resolution (or a platform's config hook) may assign
     writes: frozenset[str] = frozenset()
+    # every environment variable the engine's own code sets or unsets by a literal name
+    env_writes: frozenset[str] = frozenset()
 
     @property
     def layout(self) -> EngineLayout:
@@ -82,6 +84,7 @@ def build_index(root: Path, engine: str, version: str, workers: int | None = Non
         for name, hits in info.mentions.items():
             index.mentions.setdefault(name, []).extend((fi, *hit) for hit in hits)
     index.writes = _resolution_writes(index)
+    index.env_writes = frozenset().union(*(info.env_writes for info in index.files))
     return index
 
 

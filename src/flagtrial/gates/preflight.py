@@ -38,16 +38,18 @@ async def analyze(
     candidate: LaunchSpec,
     host: GateHost | None,
     model: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[GateFinding]:
     """Findings for every add/set edit, judged within the whole candidate command (and the
-    model's config.json when given); [] where the analysis does not apply. Runs in a
+    model's config.json and the launch's environment when given); [] where the analysis
+    does not apply. Runs in a
     thread: the index may take seconds to build the first time for a version."""
     edits = [(e.name, e.value) for e in change.edits if e.op in ("add", "set")]
     if engine not in GATED or not version or host is None or not edits:
         return []
     tp = tensor_parallel(candidate.argv, engine)
     return await asyncio.to_thread(
-        partial(analyze_change, command=candidate.argv, model=model),
+        partial(analyze_change, command=candidate.argv, model=model, env=env),
         engine,
         version,
         edits,
@@ -132,11 +134,12 @@ def corrected(
     host: GateHost,
     command: list[str],
     model: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> list[GateFinding]:
     """The findings as the engine's own resolution of both commands corrects them (`combine`),
     then with the settings it moves on its own analysed in turn (gates/implied.py). Runs
     analyses: call it off the event loop."""
-    return follow_implied(combine(findings, good, cand), good, cand, host, command, model)
+    return follow_implied(combine(findings, good, cand), good, cand, host, command, model, env)
 
 
 def combine(

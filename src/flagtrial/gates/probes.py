@@ -1,7 +1,8 @@
 """The host facts an evaluation comes down to: `get_device_capability()`, `get_device_sm()`,
 `torch.version.cuda` / `.hip`, `torch.cuda.is_available()`, `device_count()`, the GPU's name
-and properties, the gfx architecture; and, when the platform's own pick is computed, what an
-unset environment and the platform's installed packages give."""
+and properties, the gfx architecture, the variables the launch's environment sets; and, when
+the platform's own pick is computed, what the environment's other variables (unset) and the
+platform's installed packages give."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from flagtrial.gates.model import GateHost
 from flagtrial.gates.platforms import dependency_platforms
 from flagtrial.gates.values import NOT_NONE, UNKNOWN, Capability, DeviceProps, Scope, Val
+from flagtrial.redact import is_secret_name
 
 if TYPE_CHECKING:
     from flagtrial.gates.capability import Evaluator
@@ -47,6 +49,10 @@ def primitive_call(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
         return _fact(host.gpu_count, f"host has {host.gpu_count} GPU(s)")
     if dotted == "torch.cuda.get_device_name":
         return _fact(host.gpu_name or UNKNOWN, "host GPU name")
+    if dotted in ("os.getenv", "os.environ.get") and node.args:
+        launched = _launch_env(ev, node.args[0], scope)
+        if launched is not None:
+            return launched
     if ev.defaults is not None:
         assumed = _assumed_call(ev, dotted, node, scope)
         if assumed is not None:
@@ -58,6 +64,18 @@ def primitive_call(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
     if dotted == "torch.cuda.get_device_properties":
         return _fact(DeviceProps(host), "host GPU properties")
     return None
+
+
+def _launch_env(ev: Evaluator, name_node: ast.expr, scope: Scope) -> Val | None:
+    """The value the launch's environment gives a variable; None where the launch does not
+    set it. UNKNOWN where the engine's own code also sets it: the read may see either."""
+    name = ev.expr(name_node, scope).value
+    if not isinstance(name, str) or name not in ev.env:
+        return None
+    if name in ev.index.env_writes:
+        return Val(UNKNOWN)
+    shown = f"{name} (value withheld)" if is_secret_name(name) else f"{name}={ev.env[name]}"
+    return _fact(ev.env[name], f"{shown} in the launch's environment")
 
 
 def _assumed_call(ev: Evaluator, dotted: str | None, node: ast.Call, scope: Scope) -> Val | None:

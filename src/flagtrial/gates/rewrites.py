@@ -47,7 +47,7 @@ def resets(a: Analysis, site: ReadSite) -> bool:
     kinds = {statement_kind(s, writes, a.index.table.fields) for s in stmt.body}
     if "effect" in kinds or "raise" in kinds or site.field not in writes:
         return False
-    value = Evaluator(a.index, a.reader, a.host, a.new, model=a.model).expr(
+    value = Evaluator(a.index, a.reader, a.host, a.new, model=a.model, env=a.env).expr(
         writes[site.field], site.scope_new
     )
     if not value.known:
@@ -70,7 +70,7 @@ def overwritten(a: Analysis, walker: Walker) -> GateFinding | None:
     ]
     if startup_reads:
         return None
-    ev = Evaluator(a.index, a.reader, a.host, a.new, model=a.model)
+    ev = Evaluator(a.index, a.reader, a.host, a.new, model=a.model, env=a.env)
     for fi, _, start, end in a.index.mentions.get(name, []):
         if not a.startup_file(fi):
             continue

@@ -62,6 +62,24 @@ class FileInfo:
     # dotted paths under the file's own top package in string literals ("vllm.models.x.Cls"):
     # what it may import by name when chosen (a registry of class paths)
     named: set[str] = field(default_factory=set)
+    # environment variables the file's code sets or unsets by a literal name
+    env_writes: set[str] = field(default_factory=set)
+
+
+# `os.environ["X"] = v`, `environ.setdefault("X", ...)`, `.pop("X")`, `os.putenv("X", ...)`,
+# SGLang's `envs.X.set(...)` / `.override(...)` / `.clear()`
+_ENV_WRITES = re.compile(
+    r"""environ\[\s*["'](\w+)["']\s*\]\s*=(?!=)"""
+    r"""|environ\.(?:setdefault|pop)\(\s*["'](\w+)["']"""
+    r"""|putenv\(\s*["'](\w+)["']"""
+    r"|envs\.(\w+)\.(?:set|override|clear)\("
+)
+
+
+def env_writes(text: str) -> set[str]:
+    """The environment variables `text` sets or unsets by a literal name (a computed name,
+    `os.environ[name] = v`, is not seen)."""
+    return {next(g for g in m.groups() if g) for m in _ENV_WRITES.finditer(text)}
 
 
 def _dotted(node: ast.expr) -> str:
@@ -247,6 +265,7 @@ def scan_file(path: str, rel: str, fields: frozenset[str]) -> FileInfo | None:
     scanner.mentions(text, fields)
     top = re.escape(rel.split("/", 1)[0])
     scanner.info.named.update(re.findall(rf"[\"']({top}(?:\.\w+)+)", text))
+    scanner.info.env_writes = env_writes(text)
     return scanner.info
 
 

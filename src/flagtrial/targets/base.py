@@ -89,6 +89,11 @@ class Target(Protocol):
 
     async def host_facts(self) -> HostFacts: ...
 
+    async def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        """The environment variables the server would start with under `spec`, as far as
+        they can be read (what the source gate analysis reads environment variables as)."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections; the server itself keeps running."""
         ...

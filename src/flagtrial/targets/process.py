@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
+from flagtrial.launch.environment import parse_env_file
 from flagtrial.launch.execwords import expand_env, expand_words
 from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, spec_sha256
 from flagtrial.targets.base import HostFacts, ServerState
@@ -68,17 +69,6 @@ def atomic_write(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    env = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")) or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        env[key.strip()] = value.strip().strip("\"'")
-    return env
 
 
 class ProcessTarget:
@@ -165,18 +155,23 @@ class ProcessTarget:
         if self._child is not None:
             self._child.poll()
 
-    def _environment(self, spec: LaunchSpec) -> dict[str, str]:
-        env = dict(os.environ)
+    def _environment(self, spec: LaunchSpec, *, strict: bool = True) -> dict[str, str]:
+        """This process's own environment (the server inherits it), then Environment=, then
+        the EnvironmentFile= files, which override it as in systemd. `strict`: a file that
+        cannot be read and is not marked optional (`-`) is an error, as at the start."""
+        env = {**os.environ, **expand_env(spec.env)}
         for entry in spec.environment_files:
-            optional = entry.startswith("-")
             path = Path(entry.lstrip("-"))
-            if not path.exists():
-                if optional:
-                    continue
-                raise TargetError(f"EnvironmentFile {path} does not exist")
-            env.update(read_env_file(path))
-        env.update(expand_env(spec.env))
+            try:
+                env.update(parse_env_file(path.read_text()))
+            except OSError:
+                if strict and not entry.startswith("-"):
+                    raise TargetError(f"EnvironmentFile {path} cannot be read") from None
         return env
+
+    async def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        # a file that cannot be read is left out here: the restart itself refuses it
+        return self._environment(spec, strict=False)
 
     async def restart(self) -> str:
         spec = await self.read_spec()

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 
 from flagtrial.errors import LockHeldError, SpecError, TargetError
+from flagtrial.launch.environment import parse_env_file
 from flagtrial.launch.spec import LaunchSpec, decode_spec, encode_spec, parse_unit
 from flagtrial.targets.base import HostFacts, ServerState, ServerStatus
 from flagtrial.targets.holder import LockHolder, held_message, holder_lines, parse_holder
@@ -393,3 +394,14 @@ class SystemdTarget:
 
     async def host_facts(self) -> HostFacts:
         return await collect_host_facts(self.run)
+
+    async def environment(self, spec: LaunchSpec) -> dict[str, str]:
+        """The variables the unit sets: Environment=, then its EnvironmentFile= files read on
+        the host, which override it as in systemd (one that cannot be read is left out). The
+        manager's own environment (`systemctl set-environment`) is not read."""
+        env = dict(spec.env)
+        for entry in spec.environment_files:
+            rc, text = await self.run(["cat", "--", entry.lstrip("-")])
+            if rc == 0:
+                env.update(parse_env_file(text))
+        return env
