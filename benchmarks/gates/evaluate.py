@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/gates/evaluate.py --split dev [--with-resolution]
 
-`--split held` and `fresh` to `fresh6` are for final measurements only (see
+`--split held` and `fresh` to `fresh7` are for final measurements only (see
 corpus/README.md): the held-back cases are never read while the analysis is developed. Writes
 results-<split>.json next to this file and prints right / UNKNOWN / wrong per expected
 outcome and engine, and the confusion matrix (predicted ACTIVE / NO-OP / FAILS / UNKNOWN x
@@ -34,8 +34,8 @@ PREDICTED = (*OUTCOMES, "UNKNOWN")
 ENGINES = ("sglang", "vllm")
 # In the order they were written: dev and held first, then the held-back sets written later
 # by authors who never saw the analysis (corpus/README.md).
-SPLITS = ("dev", "held", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
-LATER_SETS = ("fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6")
+SPLITS = ("dev", "held", "fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
+LATER_SETS = ("fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7")
 TP_FLAGS = ("--tp-size", "--tp", "--tensor-parallel-size", "-tp")
 
 
