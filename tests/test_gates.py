@@ -21,7 +21,7 @@ from flagtrial.gates.capability import Evaluator
 from flagtrial.gates.index import SourceIndex
 from flagtrial.gates.model import GateFinding, GateHost, Outcome, parse_compute_cap
 from flagtrial.gates.reader import SourceReader
-from flagtrial.gates.values import UNKNOWN, Scope, Val
+from flagtrial.gates.values import UNKNOWN, Scope
 from flagtrial.gates.wheel import engine_source
 from flagtrial.targets.base import Gpu, HostFacts
 
@@ -474,26 +474,41 @@ def test_the_launchs_environment_decides_an_aiter_path(
         assert read.note.endswith("acts on this host"), render_text([finding])
 
 
-def test_a_variable_the_engine_sets_itself_is_not_read_as_the_launchs(
-    sglang: SourceIndex,
+DETERMINISTIC = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"
+
+
+@pytest.mark.parametrize(
+    ("expr", "env", "pick", "expected"),
+    [
+        ('os.getenv("SGLANG_USE_AITER")', {"SGLANG_USE_AITER": "1"}, False, "1"),
+        ('os.getenv("SGLANG_USE_AITER")', {}, False, UNKNOWN),  # not set by the launch
+        ('os.getenv("SGLANG_USE_AITER", "x")', {}, True, "x"),  # the platform's pick: unset
+        # SGLang's typed fields (srt/environ.py), parsed as `EnvBool.parse` parses
+        ("envs.SGLANG_USE_AITER.get()", {"SGLANG_USE_AITER": "yes"}, False, True),
+        ("envs.SGLANG_USE_AITER.get()", {"SGLANG_USE_AITER": "maybe"}, False, UNKNOWN),
+        ("envs.SGLANG_USE_AITER.get()", {}, True, False),  # unset: `EnvBool(False)`
+        ("envs.SGLANG_USE_AITER.get()", {}, False, UNKNOWN),
+        # arg_groups/attention_hook.py sets it itself: a read may see either value
+        (f"envs.{DETERMINISTIC}.get()", {DETERMINISTIC: "0"}, False, UNKNOWN),
+        (f'os.getenv("{DETERMINISTIC}")', {DETERMINISTIC: "0"}, True, UNKNOWN),
+    ],
+)
+def test_environment_variables_are_read_as_the_launch_sets_them(
+    sglang: SourceIndex, expr: str, env: dict[str, str], pick: bool, expected: object
 ) -> None:
-    """SGLang's argument resolution sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE itself
-    (arg_groups/attention_hook.py `envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.set(True)`), so a
-    read of it may see either value: unknown, whatever the launch sets. A secret-named
-    variable's value never reaches the evidence."""
-    assert "SGLANG_ENABLE_DETERMINISTIC_INFERENCE" in sglang.env_writes
-    assert "SGLANG_USE_AITER" not in sglang.env_writes
-    env = {"SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "0", "HF_TOKEN": "hf_secret_value_1234"}
+    """`pick`: evaluated as the platform's own pick is (the launch's other variables unset)."""
+    assert DETERMINISTIC in sglang.env_writes and "SGLANG_USE_AITER" not in sglang.env_writes
+    ev = Evaluator(sglang, SourceReader(sglang), GFX942, {}, env=env, defaults={} if pick else None)
+    scope = Scope(sglang.modules["sglang.srt.environ"])
+    assert ev.expr(ast.parse(expr, mode="eval").body, scope).value == expected
+
+
+def test_a_secret_named_variables_value_never_reaches_the_evidence(sglang: SourceIndex) -> None:
+    env = {"HF_TOKEN": "hf_secret_value_1234"}
     ev = Evaluator(sglang, SourceReader(sglang), GFX942, {}, env=env)
     scope = Scope(sglang.modules["sglang.srt.utils.common"])
-
-    def read(name: str) -> Val:
-        return ev.expr(ast.parse(f"os.getenv({name!r})", mode="eval").body, scope)
-
-    assert read("SGLANG_ENABLE_DETERMINISTIC_INFERENCE").value is UNKNOWN
-    token = read("HF_TOKEN")
+    token = ev.expr(ast.parse('os.getenv("HF_TOKEN")', mode="eval").body, scope)
     assert token.value == "hf_secret_value_1234"  # the analysis reads it ...
     shown = " ".join(note for *_, note in token.traces)
     assert "HF_TOKEN (value withheld) in the launch's environment" in shown
     assert "hf_secret" not in shown  # ... and never shows it
-    assert read("SGLANG_USE_AITER").value is UNKNOWN  # not set, not the platform's pick

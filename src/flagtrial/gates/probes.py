@@ -7,11 +7,20 @@ platform's installed packages give."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from flagtrial.gates.model import GateHost
 from flagtrial.gates.platforms import dependency_platforms
-from flagtrial.gates.values import NOT_NONE, UNKNOWN, Capability, DeviceProps, Scope, Val
+from flagtrial.gates.values import (
+    NOT_NONE,
+    UNKNOWN,
+    Capability,
+    DeviceProps,
+    Instance,
+    Scope,
+    Val,
+)
 from flagtrial.redact import is_secret_name
 
 if TYPE_CHECKING:
@@ -53,6 +62,10 @@ def primitive_call(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
         launched = _launch_env(ev, node.args[0], scope)
         if launched is not None:
             return launched
+    if last == "get" and not node.args and not node.keywords:
+        field = _env_field(ev, node, scope)
+        if field is not None:
+            return field
     if ev.defaults is not None:
         assumed = _assumed_call(ev, dotted, node, scope)
         if assumed is not None:
@@ -74,8 +87,59 @@ def _launch_env(ev: Evaluator, name_node: ast.expr, scope: Scope) -> Val | None:
         return None
     if name in ev.index.env_writes:
         return Val(UNKNOWN)
-    shown = f"{name} (value withheld)" if is_secret_name(name) else f"{name}={ev.env[name]}"
-    return _fact(ev.env[name], f"{shown} in the launch's environment")
+    return _fact(ev.env[name], _launch_note(name, ev.env[name]))
+
+
+def _launch_note(name: str, value: str) -> str:
+    shown = f"{name} (value withheld)" if is_secret_name(name) else f"{name}={value}"
+    return f"{shown} in the launch's environment"
+
+
+def _env_bool(text: str) -> bool:
+    word = text.lower()
+    if word in ("true", "1", "yes", "y", "false", "0", "no", "n"):
+        return word in ("true", "1", "yes", "y")
+    raise ValueError(text)
+
+
+# SGLang's typed environment fields (srt/environ.py `EnvBool.parse` ...) by class name
+_ENV_FIELDS: dict[str, Callable[[str], Any]] = {
+    "EnvBool": _env_bool,
+    "EnvInt": int,
+    "EnvFloat": float,
+    "EnvStr": str,
+}
+_ENVIRON = "sglang.srt.environ"
+
+
+def _env_field(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
+    """SGLang's `envs.NAME.get()`, `NAME = EnvBool(default)` in its `Envs` class: the value
+    the launch sets, parsed as the field parses it; unset, the declared default where the
+    platform's own pick is computed, else unknown (as `os.getenv` is read). None: not one."""
+    func = node.func
+    if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Attribute):
+        return None
+    holder = ev.expr(func.value.value, scope).value
+    if not isinstance(holder, Instance) or holder.cls.name != "Envs":
+        return None
+    info = ev.index.files[holder.cls.fi]
+    name = func.value.attr
+    if info.module != _ENVIRON or name not in info.classes["Envs"].attrs:
+        return None
+    stmts = ev.reader.unit(holder.cls.fi, *info.classes["Envs"].attrs[name])
+    made = getattr(stmts[0], "value", None) if stmts else None
+    kind = getattr(made.func, "id", "") if isinstance(made, ast.Call) else ""
+    parse = _ENV_FIELDS.get(kind)
+    if parse is None or not isinstance(made, ast.Call) or name in ev.index.env_writes:
+        return Val(UNKNOWN)
+    if name in ev.env:
+        try:
+            return _fact(parse(ev.env[name]), _launch_note(name, ev.env[name]))
+        except ValueError:
+            return Val(UNKNOWN)  # the field warns and falls back to its default
+    if ev.defaults is None or not made.args or not isinstance(made.args[0], ast.Constant):
+        return Val(UNKNOWN)
+    return _fact(made.args[0].value, f"{name} unset: its default")
 
 
 def _assumed_call(ev: Evaluator, dotted: str | None, node: ast.Call, scope: Scope) -> Val | None:
