@@ -247,6 +247,7 @@ def real_table(real: dict) -> list[str]:
         f"{w['requests_per_run']} requests of "
         f"{w['prompt_words']} words x {w['max_tokens']} tokens a run, at most "
         f"{real['policy']['max_seconds']:g}s a trial)",
+        *([f"Conditions: {real['conditions']}."] if "conditions" in real else []),
         "",
         "Right: KEEP for a gain, REVERT for a harm, equivalent for A/A. Rates with their 95 % "
         "interval.",
