@@ -318,10 +318,18 @@ async def resolve_spec(
     target: Target, engine: str, spec: LaunchSpec, facts: ResolveFacts | None
 ) -> Resolution:
     """A launch spec's command resolved with its own interpreter and the environment the
-    server would start with (what a local target's commands inherit anyway is not repeated)."""
+    server would start with: Environment=, and of what else it gets (EnvironmentFile= files,
+    which often hold secrets, and a process target's own environment) the engine's own
+    variables only (`SGLANG_...`), as the request travels on the host's command line; what a
+    local target's commands inherit anyway is not repeated."""
     env = await target.environment(spec)
     inherited = os.environ if target.local else {}
-    launch = {k: v for k, v in env.items() if inherited.get(k) != v}
+    own = engine.upper() + "_"
+    launch = {
+        k: v
+        for k, v in env.items()
+        if (k in spec.env or k.startswith(own)) and inherited.get(k) != v
+    }
     return await resolve_command(
         target, engine, host_python(spec.program), spec.argv[spec.program_words :], facts,
         launch,

@@ -42,8 +42,8 @@ async def analyze(
 ) -> list[GateFinding]:
     """Findings for every add/set edit, judged within the whole candidate command (and the
     model's config.json and the launch's environment when given); [] where the analysis
-    does not apply. Runs in a
-    thread: the index may take seconds to build the first time for a version."""
+    does not apply. Runs in a thread: the index may take seconds to build the first time
+    for a version."""
     edits = [(e.name, e.value) for e in change.edits if e.op in ("add", "set")]
     if engine not in GATED or not version or host is None or not edits:
         return []

@@ -119,6 +119,8 @@ def _env_field(ev: Evaluator, node: ast.Call, scope: Scope) -> Val | None:
     func = node.func
     if not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Attribute):
         return None
+    if not isinstance(func.value.value, ast.Name):  # `envs.NAME.get()`: nothing else is
+        return None
     holder = ev.expr(func.value.value, scope).value
     if not isinstance(holder, Instance) or holder.cls.name != "Envs":
         return None
