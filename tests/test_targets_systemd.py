@@ -554,6 +554,14 @@ def env_unit(env_file: str) -> str:
     )
 
 
+async def logged(t: SshTarget | ProcessTarget, mark: str, text: str) -> str:
+    """The log since `mark` once it holds `text` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while text not in (log := await t.logs_since(mark)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return log
+
+
 def test_both_targets_read_the_environment_systemd_starts_a_unit_with(
     host: SystemdHost, tmp_path: Path
 ) -> None:
@@ -578,18 +586,11 @@ def test_both_targets_read_the_environment_systemd_starts_a_unit_with(
             assert (env["FT_X"], env["FT_Y"]) == ("file", "unit")
             mark = await t.restart()
             assert (await wait_state(t, lambda s: s.status == "running")).status == "running"
-            deadline = time.monotonic() + 10
-            while seen not in await t.logs_since(mark) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            assert seen in await t.logs_since(mark)  # what systemd gave the unit
+            assert seen in await logged(t, mark, seen)  # what systemd gave the unit
 
             env = await local.environment(await local.read_spec())
             assert (env["FT_X"], env["FT_Y"]) == ("file", "unit")
-            mark = await local.restart()
-            deadline = time.monotonic() + 10
-            while seen not in await local.logs_since(mark) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            assert seen in await local.logs_since(mark)
+            assert seen in await logged(local, await local.restart(), seen)
         finally:
             await local.stop()
             await t.aclose()
