@@ -26,6 +26,7 @@ from flagtrial.engines.resolve import (
     ResolveFacts,
     predicted_diff,
     resolve_local,
+    resolve_local_all,
 )
 from flagtrial.facts import Facts
 from flagtrial.gates.analyze import analyze_change, render_text
@@ -86,7 +87,8 @@ def test_the_same_command_resolves_on_sm100(
     sglang_bin: Path,  # noqa: F811
     sglang_model: Path,  # noqa: F811
 ) -> None:
-    got = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model), *NVFP4], SM100)
+    plain = ["--model-path", str(sglang_model)]
+    got, good = resolve_local_all(sglang_bin, "sglang", [[*plain, *NVFP4], plain], SM100)
     assert got.status == "resolved", got
     assert got.settings["kv_cache_dtype"] == "nvfp4"
     # the decode backend the nvfp4 hook picks on Blackwell, never asked for
@@ -101,7 +103,6 @@ def test_the_same_command_resolves_on_sm100(
     [static] = analyze_change("sglang", "0.5.23", [("--kv-cache-dtype", "nvfp4")], host,
                               command=command, model=config)  # fmt: skip
     assert static.outcome == Outcome.UNKNOWN and static.unless_raised == Outcome.ACTIVE
-    good = resolve_local(sglang_bin, "sglang", ["--model-path", str(sglang_model)], SM100)
     [combined] = combine([static], good, got)
     assert combined.outcome == Outcome.ACTIVE, combined.reason
     assert combined.unless_raised is None
@@ -137,11 +138,9 @@ def test_an_older_sglangs_override_of_the_users_value_is_a_no_op_by_its_settings
     `--page-size 128`, so NO-OP, though the source shows reads of page_size that act. Its
     settings hold objects (the model's config); their reprs name no address, which would
     differ at every run."""
-    good = resolve_local(sglang_older_bin, "sglang", ["--model-path", str(sglang_model)], SM100)
     edit = ["--page-size", "128"]
-    cand = resolve_local(
-        sglang_older_bin, "sglang", ["--model-path", str(sglang_model), *edit], SM100
-    )
+    plain = ["--model-path", str(sglang_model)]
+    good, cand = resolve_local_all(sglang_older_bin, "sglang", [plain, [*plain, *edit]], SM100)
     assert cand.status == good.status == "resolved", cand
     assert cand.settings["page_size"] == good.settings["page_size"] == 64
     assert not any(" at 0x" in str(v) for v in cand.settings.values())
@@ -166,10 +165,12 @@ def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there
     facts = ResolveFacts(compute_cap=(10, 0), cuda="12.8", gpus=4)
     host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
     outcomes, fusion = {}, {}
-    for name, model in (("moe", moe), ("dense", sglang_model)):
-        command = ["--model-path", str(model), "--tp-size", "4"]
-        good = resolve_local(sglang_older_bin, "sglang", command, facts)
-        cand = resolve_local(sglang_older_bin, "sglang", [*command, edit], facts)
+    models = {"moe": moe, "dense": sglang_model}
+    commands = [["--model-path", str(m), "--tp-size", "4", *e] for m in models.values()
+                for e in ([], [edit])]  # fmt: skip
+    resolved = iter(resolve_local_all(sglang_older_bin, "sglang", commands, facts))
+    for name, model in models.items():
+        good, cand = next(resolved), next(resolved)
         assert good.status == cand.status == "resolved", (good, cand)
         key = "enable_flashinfer_allreduce_fusion"
         fusion[name] = (good.settings[key], cand.settings[key])
@@ -200,10 +201,12 @@ def test_an_edit_whose_reads_after_resolution_are_all_ruled_out_is_a_no_op(
     facts = ResolveFacts(compute_cap=(9, 0), cuda="12.8", gpus=4)
     host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=4)
     outcomes = {}
-    for name, model in (("dense", sglang_model), ("moe", moe)):
-        command = ["--model-path", str(model), "--tp-size", "4"]
-        good = resolve_local(sglang_bin, "sglang", command, facts)
-        cand = resolve_local(sglang_bin, "sglang", [*command, edit], facts)
+    models = {"dense": sglang_model, "moe": moe}
+    commands = [["--model-path", str(m), "--tp-size", "4", *e] for m in models.values()
+                for e in ([], [edit])]  # fmt: skip
+    resolved = iter(resolve_local_all(sglang_bin, "sglang", commands, facts))
+    for name, model in models.items():
+        good, cand = next(resolved), next(resolved)
         assert good.status == cand.status == "resolved", (good, cand)
         config = json.loads((model / "config.json").read_text())
         words = ["--tp-size", "4", edit]
@@ -319,14 +322,11 @@ def test_a_hub_name_is_read_from_the_hosts_hugging_face_cache_never_downloaded(
     (snapshot.parents[1] / "refs" / "main").write_text("abc123")
     env = {"HF_HOME": str(tmp_path / "hf")}
 
-    def resolve(name: str) -> Resolution:
-        return resolve_local(sglang_bin, "sglang", ["--model-path", name], SM90, env=env)
-
-    cached = resolve("acme/mla")
+    names = [["--model-path", "acme/mla"], ["--model-path", "acme/absent"]]
+    cached, absent = resolve_local_all(sglang_bin, "sglang", names, SM90, env=env)
     assert cached.model is not None, cached
     assert cached.model.source == str(snapshot / "config.json")
     assert cached.model.architectures == ["DeepseekV3ForCausalLM"]
-    absent = resolve("acme/absent")
     assert absent.model is None
     shown = Prediction(known_good=absent, candidate=absent, diff=None).lines()
     assert "  model: no config.json found on the host for the model the command names" in [
@@ -438,7 +438,15 @@ def test_vllm_resolves_a_cuda_host_and_refuses_a_bad_value(
     cold = {"VLLM_CACHE_ROOT": str(tmp_path)}
     on_cuda = resolve_local(vllm_bin, "vllm", ["serve", model], SM90, env=cold)
     assert on_cuda.status == "resolved", on_cuda
-    on_cpu = resolve_local(vllm_bin, "vllm", ["serve", model, "--max-num-seqs", "0"])
+    # Two commands of one request: each resolves in a process of its own once the engine is
+    # imported, so the second, which the parser refuses before it names a model, has none,
+    # where one process would have kept the first's.
+    on_cpu, unparsed = resolve_local_all(
+        vllm_bin, "vllm", [["serve", model, "--max-num-seqs", n] for n in ("0", "zero")]
+    )
+    assert unparsed.raised is not None and unparsed.raised.type == "SystemExit", unparsed
+    assert "max-num-seqs" in unparsed.raised.message
+    assert unparsed.model is None
     assert on_cpu.status == "raised"
     assert on_cpu.raised is not None
     assert "max_num_seqs" in on_cpu.raised.message
@@ -485,8 +493,8 @@ def _refused_where_static_sees_it_act(
     two resolutions make it FAILS."""
     words = ["--tensor-parallel-size", str(tp)]
     facts = ResolveFacts(compute_cap=cap, cuda="12.8", gpus=tp)
-    good = resolve_local(python, "vllm", ["serve", str(model), *words], facts)
-    cand = resolve_local(python, "vllm", ["serve", str(model), *words, edit], facts)
+    command = ["serve", str(model), *words]
+    good, cand = resolve_local_all(python, "vllm", [command, [*command, edit]], facts)
     assert good.status == "resolved", good
     assert cand.status == "raised" and cand.raised is not None, cand
     assert message in cand.raised.message
@@ -539,12 +547,13 @@ def test_the_attention_backend_the_model_gets_is_vllms_own_pick(
     base = ["serve", str(hf_model), "--dtype", "bfloat16"]
     flash = ["--attention-backend", "FLASH_ATTN"]
     fp8 = ["--kv-cache-dtype", "fp8"]
-    outcomes, picks = {}, {}
+    outcomes, picks, fp8_on_sm90 = {}, {}, []
     for cap in ((9, 0), (10, 0)):
         facts = ResolveFacts(compute_cap=cap, cuda="12.8", gpus=1)
         host = GateHost(platform="cuda", compute_cap=cap, gpu_count=1)
-        good = resolve_local(vllm_bin, "vllm", base, facts)
-        cand = resolve_local(vllm_bin, "vllm", [*base, *flash], facts)
+        commands = [base, [*base, *flash], *([[*base, *flash, *fp8]] if cap == (9, 0) else [])]
+        good, cand, *more = resolve_local_all(vllm_bin, "vllm", commands, facts)
+        fp8_on_sm90 += more
         assert good.status == cand.status == "resolved", (good, cand)
         assert cand.record["attention_config.backend"] != good.record["attention_config.backend"]
         (static,) = analyze_change("vllm", "0.32.0", [tuple(flash)], host, command=flash)
@@ -559,7 +568,7 @@ def test_the_attention_backend_the_model_gets_is_vllms_own_pick(
     assert refused.raised is not None and refused.raised.type == "ValueError"
     assert "is not valid for this configuration" in refused.raised.message
     assert refused.raised.file == "vllm/platforms/cuda.py"
-    taken = resolve_local(vllm_bin, "vllm", [*base, *flash, *fp8], SM90)
+    [taken] = fp8_on_sm90
     assert taken.status == "resolved" and taken.settings["attention.backend"] == "FLASH_ATTN"
 
 
@@ -799,7 +808,6 @@ def test_a_flag_the_cpu_platform_overrides_is_a_no_op_by_the_whole_configuration
     (v1/engine/async_llm.py reads `engine_args.disable_log_stats`): it stands as the source
     analysis says."""
     model = str(hf_model)
-    good = resolve_local(vllm_bin, "vllm", ["serve", model])
     cpu = GateHost(platform="cpu", gpu_count=0)
     outcomes, reasons = {}, {}
     edits = {
@@ -807,8 +815,11 @@ def test_a_flag_the_cpu_platform_overrides_is_a_no_op_by_the_whole_configuration
         "--disable-log-stats": [],
         "--distributed-executor-backend": ["uni"],
     }
-    for flag, value in edits.items():
-        cand = resolve_local(vllm_bin, "vllm", ["serve", model, flag, *value])
+    words = [[flag, *value] for flag, value in edits.items()]
+    block_64 = ["--block-size", "64"]  # moves a field
+    commands = [["serve", model, *w] for w in ([], *words, block_64)]
+    good, *candidates, block = resolve_local_all(vllm_bin, "vllm", commands)
+    for (flag, value), cand in zip(edits.items(), candidates, strict=True):
         assert cand.status == "resolved", cand
         assert len(cand.record) > 300 and cand.record == good.record
         (static,) = analyze_change(
@@ -826,5 +837,4 @@ def test_a_flag_the_cpu_platform_overrides_is_a_no_op_by_the_whole_configuration
     assert outcomes["--disable-log-stats"][1] == outcomes["--disable-log-stats"][0]
     assert outcomes["--disable-log-stats"][1] != Outcome.NO_OP
     # a flag that moves a field: the records differ, the rule does not apply
-    block = resolve_local(vllm_bin, "vllm", ["serve", model, "--block-size", "64"])
     assert block.record["cache_config.block_size"] == 64 != good.record["cache_config.block_size"]

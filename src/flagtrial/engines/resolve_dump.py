@@ -1,10 +1,11 @@
-"""The engine's own argument resolution for one command, run in the engine's python.
+"""The engine's own argument resolution for commands on one engine, run in its python.
 
 flagtrial runs this file on the engine's host with the engine's interpreter
 (`python -c SOURCE REQUEST`), like parser_dump.py: only the standard library is imported
-here, the engine by the resolver below. REQUEST is JSON: {"engine", "argv" (the flags, as the
-server gets them), "env" (the unit's environment), "facts" (null: the host's own GPUs, as the
-engine queries them; else declared GPU facts)}. It prints one marked JSON line:
+here, the engine by the resolver below. REQUEST is JSON: {"engine", "commands" (each a list of
+the flags, as the server gets them), "env" (the unit's environment, shared by the commands),
+"facts" (null: the host's own GPUs, as the engine queries them; else declared GPU facts)}. It
+prints one marked JSON line per command, with its "index":
 {"status": "resolved", "settings": ...} | {"status": "raised", "raised": {type, message, file,
 line}} | {"status": "unresolved", "reason"}; with "patched" (the platform queries answered
 from declared facts), "stood_in" (absent GPU-only packages imported as stand-ins) and
@@ -613,51 +614,79 @@ def _ours(e: BaseException, declared: bool) -> str | None:
     return None
 
 
+def _setup(engine: str, facts: dict[str, Any] | None, declared: bool) -> None:
+    """The engine's argument module imported, as the server imports it first, with the
+    declared facts in place: what every command of the request shares."""
+    if importlib.util.find_spec(engine) is None:
+        raise _NoEngine(f"{engine} is not installed for this python")
+    try:
+        if declared:
+            sys.meta_path.append(_GpuOnlyFinder())
+            declare_torch(facts or {})
+            if engine == "vllm":  # before any module binds vLLM's platform object
+                declare_vllm(facts or {})
+        importlib.import_module(ARG_MODULES[engine])
+        if declared and engine == "sglang":
+            declare_sglang(facts or {})
+        if declared and engine == "vllm":
+            keep_model_infos_unsaved()
+    except Exception as e:
+        raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
+
+
+def _resolved(engine: str, words: list[str], declared: bool) -> dict[str, Any]:
+    """One command's outcome: resolved, the engine's raise, or why it could not run."""
+    try:
+        got = resolve_sglang(words) if engine == "sglang" else resolve_vllm(words, declared)
+        return {"status": "resolved", **got}
+    except _NoEngine as e:
+        return {"status": "unresolved", "reason": str(e)[:500]}
+    except _ParseError as e:
+        return {"status": "raised", "raised": {"type": "SystemExit", "message": str(e),
+                                               "file": None, "line": None}}  # fmt: skip
+    except Exception as e:
+        why = _ours(e, declared)
+        if why is not None:
+            return {"status": "unresolved", "reason": why}
+        file, line = _innermost(e.__traceback__, engine)
+        message = str(e) or repr(e)
+        return {"status": "raised", "raised": {"type": type(e).__name__,
+                                               "message": message[:2000], "file": file,
+                                               "line": line}}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
+    """Each command of the request resolved in a process of its own, forked once the engine
+    is imported (most of a resolution's time): what one resolution sets in the engine's
+    modules or the environment never reaches the next. The last runs in this process."""
     request = json.loads(argv[0])
     engine, facts = request["engine"], request.get("facts")
     os.environ.update(request.get("env") or {})
     began = time.monotonic()
-    out: dict[str, Any]
     declared = facts is not None and facts["platform"] in ("cuda", "rocm")
+    failed: dict[str, Any] | None = None
     try:
-        if importlib.util.find_spec(engine) is None:
-            raise _NoEngine(f"{engine} is not installed for this python")
-        try:  # the engine's argument module, as the server imports it first
-            if declared:
-                sys.meta_path.append(_GpuOnlyFinder())
-                declare_torch(facts)
-                if engine == "vllm":  # before any module binds vLLM's platform object
-                    declare_vllm(facts)
-            importlib.import_module(ARG_MODULES[engine])
-            if declared and engine == "sglang":
-                declare_sglang(facts)
-            if declared and engine == "vllm":
-                keep_model_infos_unsaved()
-        except Exception as e:
-            raise _NoEngine(f"{engine} does not import here: {type(e).__name__}: {e}") from e
-        words = request["argv"]
-        got = resolve_sglang(words) if engine == "sglang" else resolve_vllm(words, declared)
-        out = {"status": "resolved", **got}
+        _setup(engine, facts, declared)
     except _NoEngine as e:
-        out = {"status": "unresolved", "reason": str(e)[:500]}
-    except _ParseError as e:
-        out = {"status": "raised", "raised": {"type": "SystemExit", "message": str(e),
-                                              "file": None, "line": None}}  # fmt: skip
-    except Exception as e:
-        why = _ours(e, declared)
-        if why is not None:
-            out = {"status": "unresolved", "reason": why}
-        else:
-            file, line = _innermost(e.__traceback__, engine)
-            message = str(e) or repr(e)
-            out = {"status": "raised", "raised": {"type": type(e).__name__,
-                                                  "message": message[:2000], "file": file,
-                                                  "line": line}}  # fmt: skip
-    out.update(patched=_patched, stood_in=sorted(set(_stood_in)), model=model_config(_model_word),
-               seconds=round(time.monotonic() - began, 2))  # fmt: skip
-    sys.stdout.flush()
-    print("\n" + MARK + " " + json.dumps(out, default=repr), flush=True)
+        failed = {"status": "unresolved", "reason": str(e)[:500]}
+    imported = time.monotonic() - began
+    commands = request["commands"]
+    for index, words in enumerate(commands):
+        last = index == len(commands) - 1
+        sys.stdout.flush()
+        sys.stderr.flush()  # or the child repeats what is buffered
+        if not last and os.fork() != 0:
+            os.wait()
+            continue
+        started = time.monotonic()
+        out = failed or _resolved(engine, words, declared)
+        out.update(patched=_patched, stood_in=sorted(set(_stood_in)),
+                   model=model_config(_model_word), index=index,
+                   seconds=round(imported + time.monotonic() - started, 2))  # fmt: skip
+        print("\n" + MARK + " " + json.dumps(out, default=repr), flush=True)
+        if not last:
+            sys.stderr.flush()
+            os._exit(0)
     return 0
 
 
