@@ -1,15 +1,15 @@
 """Engine `sglang` against a real SGLang 0.5.23 server on CPU
 (tests/harness/sglang_fixtures.py): its version, its flags from its own parser, its facts as
-the server reports them, the concurrency its scheduler admits, attributions by the engine's
-own resolution, and a trial that loses capacity, all on one server the module shares. Run
-under the heavy lock: `flock /tmp/ft-heavy.lock pytest tests/test_sglang_real.py`."""
+the server reports them, the concurrency its scheduler admits, an attribution by the engine's
+own resolution of a start it refuses, and a trial that loses capacity, all on one server the
+module shares. Nothing here rests on a measured difference (that trial is in
+test_sglang_measured.py), so the module shares the machine (harness/machine.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +27,8 @@ from flagtrial.targets.process import ProcessTarget
 from harness import procs
 from harness.cli import cli
 from harness.sglang_fixtures import KV_TOKENS, SglangServer, SglangTrials
+
+pytestmark = pytest.mark.shares_machine
 
 
 def host(tmp_path: Path) -> ProcessTarget:
@@ -191,52 +193,6 @@ def test_long_requests_are_bound_by_the_kv_cache(sglang_server: SglangServer) ->
     assert queued > 0
 
 
-def _attributed_trial(trials: SglangTrials, *args: str) -> dict[str, Any]:
-    """`flagtrial trial ... --attribute --json` on the module's server, left serving what the
-    trial ends on (the known-good restored, or the candidate kept)."""
-    # the candidate's start and one block are all these tests need of the measurement
-    project = trials.project(policy="runs = 2\nmax_runs = 4\nmax_seconds = 30\n")
-    result = cli(project, "trial", *args, "--attribute", "--json", timeout=1200)
-    assert result.returncode in (0, 10, 11), result.stdout + result.stderr
-    out: dict[str, Any] = json.loads(result.stdout)
-    unit = trials.root / "sglang.service"
-    assert "--watchdog-timeout" not in unit.read_text() or out["outcome"] == "kept"
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)  # one or two real SGLang starts on CPU, or more
-def test_a_setting_moved_unasked_is_attributed_by_each_edits_own_resolution(
-    sglang_trials: SglangTrials,
-) -> None:
-    """SGLang sizes its static memory from the chunked-prefill size
-    (srt/arg_groups/memory_hook.py `_handle_gpu_memory_settings`): `--chunked-prefill-size
-    1024` moves mem_fraction_static unasked, as the trial's resolution predicted and the
-    server reports. The known-good with each edit alone, resolved by the engine: only that
-    edit moves it, so no restart is spent to find it (a search by restarts would start each
-    edit alone and restore the known-good: 3 starts)."""
-    out = _attributed_trial(
-        sglang_trials,
-        "--set", "--watchdog-timeout=400", "--set", "--chunked-prefill-size=1024",
-    )  # fmt: skip
-    assert "mem_fraction_static" in {c["name"] for c in out["diff"]["implicit"]}, out["diff"]
-    # no measured effect to attribute (it would be measured by restarts of its own)
-    assert out["verdict"]["finding"] not in ("harm", "gain"), out["verdict"]
-    attributed = out["attribution"]
-    assert attributed["used"]["restarts"] == 0 and attributed["journals"] == []
-    assert attributed["resolutions"] == 3  # the known-good, and each edit alone
-    watchdog, chunk = attributed["edits"]
-    assert any(
-        e.startswith(
-            "the engine's own resolution of the known-good with only this edit: "
-            "mem_fraction_static 0."
-        )
-        for e in chunk["evidence"]
-    ), chunk
-    assert not any("mem_fraction_static" in e for e in watchdog["evidence"]), watchdog
-    assert watchdog["outcome"] in ("useless", "unresolved")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # one or two real SGLang starts on CPU, or more
 def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_restart(
@@ -246,8 +202,7 @@ def test_a_start_the_engines_own_resolution_refuses_is_attributed_without_a_rest
     SGLang's resolution raises, the forced candidate does not start. Resolved alone on the
     known-good, only that edit raises: harmful, no restart spent (a search by restarts would
     start each edit alone and restore: 3 starts); the other edit is left."""
-    out = _attributed_trial(
-        sglang_trials,
+    out = sglang_trials.attributed_trial(
         "--set", "--watchdog-timeout=400", "--add", "--enable-deterministic-inference",
         "--force",
     )  # fmt: skip

@@ -32,7 +32,6 @@ from flagtrial.reasons import Code
 from flagtrial.settings import load_project
 from flagtrial.sourceread import extract
 from flagtrial.targets import make_target
-from harness import procs
 from harness.hosts import (
     SystemdHost,
     container_root,
@@ -41,6 +40,7 @@ from harness.hosts import (
     ssh_project,
     systemd_host,
 )
+from harness.procs import state as process_state
 from harness.session import locked_trial, session_for
 from harness.standin import WORKLOAD
 from harness.vllm_fixtures import MODULE, READY_TIMEOUT_S, VLLM_ENV, VllmServer, vllm_args
@@ -319,7 +319,7 @@ def test_a_process_target_restart_leaves_none_of_the_old_group(vllm_server: Vllm
         left = {
             p: name
             for p, (name, start) in old.items()
-            if p in now and now[p].start == start and procs.state(p) not in ("Z", "X", None)
+            if p in now and now[p].start == start and process_state(p) not in ("Z", "X", None)
         }
         assert left == {}
     finally:

@@ -14,11 +14,13 @@ machine), taken by the caller: `flock /tmp/ft-heavy.lock pytest tests/test_sglan
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +32,7 @@ from flagtrial.engines.sglang import SglangEngine
 from flagtrial.facts import Facts
 from flagtrial.load.workload import Workload
 from flagtrial.targets.process import ProcessTarget
+from harness.cli import cli
 from harness.servers import serve_known_good, stop_served
 from harness.standin import write_project
 
@@ -160,6 +163,18 @@ class SglangTrials:
 
     def stop(self) -> None:
         stop_served(self.root / "flagtrial.toml")
+
+    def attributed_trial(self, *args: str) -> dict[str, Any]:
+        """`flagtrial trial ... --attribute --json` on the module's server, left serving what
+        the trial ends on (the known-good restored, or the candidate kept)."""
+        # the candidate's start and one block are all these tests need of the measurement
+        project = self.project(policy="runs = 2\nmax_runs = 4\nmax_seconds = 30\n")
+        result = cli(project, "trial", *args, "--attribute", "--json", timeout=1200)
+        assert result.returncode in (0, 10, 11), result.stdout + result.stderr
+        out: dict[str, Any] = json.loads(result.stdout)
+        unit = self.root / "sglang.service"
+        assert "--watchdog-timeout" not in unit.read_text() or out["outcome"] == "kept"
+        return out
 
 
 @pytest.fixture(scope="module")
