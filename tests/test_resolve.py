@@ -150,6 +150,16 @@ def test_an_older_sglangs_override_of_the_users_value_is_a_no_op_by_its_settings
     assert (static.outcome, finding.outcome) == (Outcome.ACTIVE, Outcome.NO_OP), finding.reason
 
 
+def _at_tp4_with_and_without(
+    python: Path, models: dict[str, Path], edit: str, facts: ResolveFacts
+) -> dict[str, tuple[Resolution, Resolution]]:
+    """Each model at TP 4 resolved without and with the switch `edit`, in one request."""
+    commands = [["--model-path", str(m), "--tp-size", "4", *e] for m in models.values()
+                for e in ([], [edit])]  # fmt: skip
+    resolved = iter(resolve_local_all(python, "sglang", commands, facts))
+    return {name: (next(resolved), next(resolved)) for name in models}
+
+
 def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there(
     sglang_older_bin: Path,  # noqa: F811
     sglang_model: Path,  # noqa: F811
@@ -166,11 +176,9 @@ def test_an_edit_acting_through_a_setting_the_resolution_moves_is_followed_there
     host = GateHost(platform="cuda", compute_cap=(10, 0), gpu_count=4)
     outcomes, fusion = {}, {}
     models = {"moe": moe, "dense": sglang_model}
-    commands = [["--model-path", str(m), "--tp-size", "4", *e] for m in models.values()
-                for e in ([], [edit])]  # fmt: skip
-    resolved = iter(resolve_local_all(sglang_older_bin, "sglang", commands, facts))
+    pairs = _at_tp4_with_and_without(sglang_older_bin, models, edit, facts)
     for name, model in models.items():
-        good, cand = next(resolved), next(resolved)
+        good, cand = pairs[name]
         assert good.status == cand.status == "resolved", (good, cand)
         key = "enable_flashinfer_allreduce_fusion"
         fusion[name] = (good.settings[key], cand.settings[key])
@@ -202,11 +210,9 @@ def test_an_edit_whose_reads_after_resolution_are_all_ruled_out_is_a_no_op(
     host = GateHost(platform="cuda", compute_cap=(9, 0), gpu_count=4)
     outcomes = {}
     models = {"dense": sglang_model, "moe": moe}
-    commands = [["--model-path", str(m), "--tp-size", "4", *e] for m in models.values()
-                for e in ([], [edit])]  # fmt: skip
-    resolved = iter(resolve_local_all(sglang_bin, "sglang", commands, facts))
+    pairs = _at_tp4_with_and_without(sglang_bin, models, edit, facts)
     for name, model in models.items():
-        good, cand = next(resolved), next(resolved)
+        good, cand = pairs[name]
         assert good.status == cand.status == "resolved", (good, cand)
         config = json.loads((model / "config.json").read_text())
         words = ["--tp-size", "4", edit]
